@@ -1,0 +1,47 @@
+# Two commands: `make demo` and `make test`. Each creates .venv and installs what it needs.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-dev
+TORCH_PIN := torch==2.13.0
+
+.PHONY: demo test lint typecheck install bench bench-quick clean
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+# torch first, pinned to the CPU wheel: a bare `torch` requirement would pull a CUDA build.
+$(STAMP): $(BIN)/python pyproject.toml
+	$(BIN)/pip install -q $(TORCH_PIN)
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/gnnserve demo
+
+lint: $(STAMP)
+	$(BIN)/ruff check src tests bench
+	$(BIN)/ruff format --check src tests bench
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+test: $(STAMP) lint typecheck
+	$(BIN)/python -m pytest -q
+
+# Benchmarks need PyG's NeighborLoader baseline: torch-sparse from ../shared/wheels.
+bench: $(STAMP)
+	$(BIN)/pip install -q ../shared/wheels/*.whl
+	$(BIN)/python bench/sampling.py
+	$(BIN)/python bench/serving.py
+
+bench-quick: $(STAMP)
+	$(BIN)/pip install -q ../shared/wheels/*.whl
+	$(BIN)/python bench/sampling.py --quick
+	$(BIN)/python bench/serving.py --quick
+
+clean:
+	rm -rf $(VENV) demo_data .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,159 @@
+"""The ``gnnserve`` command: prepare | train | serve | bench | demo."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import sys
+from collections.abc import Callable, Sequence
+
+from gnnserve.errors import GnnServeError
+
+
+def _serve_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--store", help="store directory (gnnserve prepare)")
+    p.add_argument("--model", help="checkpoint directory (gnnserve train)")
+    p.add_argument("--config", help="YAML ServeConfig; flags override it")
+    p.add_argument("--host", default=None, help="bind address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=None, help="port (default 8000; 0 = any free)")
+    p.add_argument("--name", default=None, help="model name in the API (default 'default')")
+    p.add_argument("--fanouts", default=None, help="per-hop fanouts, e.g. 25,10 (-1 = all)")
+    p.add_argument("--graph-backend", default=None, help="memory | mmap")
+    p.add_argument("--feature-backend", default=None, help="memory | mmap")
+    p.add_argument("--max-batch-nodes", type=int, default=None, help="seed nodes per batch")
+    p.add_argument("--max-wait-ms", type=float, default=None, help="batching wait (0 = greedy)")
+    p.add_argument("--max-queue", type=int, default=None, help="in-flight requests before 429")
+    p.add_argument("--max-nodes", type=int, default=None, help="nodes per request before 413")
+
+
+def _parse_fanouts(text: str | None) -> list[int] | None:
+    if text is None:
+        return None
+    try:
+        return [int(f) for f in text.split(",")]
+    except ValueError:
+        raise GnnServeError(f"--fanouts must be comma-separated ints, got {text!r}", "fanouts") from None
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    """Load the store and model, then serve HTTP until SIGINT/SIGTERM (graceful)."""
+    import uvicorn
+
+    from gnnserve.config import ServeConfig
+    from gnnserve.engine.loader import build_engine
+    from gnnserve.server.app import create_app
+
+    config = ServeConfig.load(
+        args.config,
+        **{
+            "store.path": args.store,
+            "model_path": args.model,
+            "server.host": args.host,
+            "server.port": args.port,
+            "server.model_name": args.name,
+            "sampler.fanouts": _parse_fanouts(args.fanouts),
+            "store.graph_backend": args.graph_backend,
+            "store.feature_backend": args.feature_backend,
+            "batcher.max_batch_nodes": args.max_batch_nodes,
+            "batcher.max_wait_ms": args.max_wait_ms,
+            "admission.max_queue_requests": args.max_queue,
+            "admission.max_nodes_per_request": args.max_nodes,
+        },
+    )
+    engine = build_engine(config)
+    app = create_app(engine, config.server.model_name)
+    s = config.server
+    print(f"gnnserve: serving {config.model_path} on {config.store.path} "
+          f"at http://{s.host}:{s.port} as model {s.model_name!r}", flush=True)
+    uvicorn.run(app, host=s.host, port=s.port, log_level=s.log_level, access_log=False)
+    return 0
+
+
+def _bench_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--url", default="http://127.0.0.1:8000/v1/predict", help="predict endpoint")
+    p.add_argument("--num-nodes", type=int, required=True, help="node ids are drawn from [0, N)")
+    p.add_argument("--requests", type=int, default=1000, help="closed loop: requests to send")
+    p.add_argument("--concurrency", type=int, default=32, help="closed loop: outstanding requests")
+    p.add_argument("--rate", type=float, default=None, help="open loop: requests per second")
+    p.add_argument("--duration", type=float, default=10.0, help="open loop: seconds")
+    p.add_argument("--nodes-per-request", type=int, default=1)
+    p.add_argument("--seed", type=int, default=0)
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    """Load a running server and print throughput and latency percentiles as JSON."""
+    import numpy as np
+
+    from gnnserve import loadgen
+
+    rng = np.random.default_rng(args.seed)
+
+    def payload(_: int) -> dict[str, object]:
+        nodes = rng.integers(0, args.num_nodes, args.nodes_per_request).tolist()
+        return {"nodes": nodes}
+
+    if args.rate:
+        report = asyncio.run(loadgen.open_loop(args.url, payload, args.rate, args.duration))
+    else:
+        payloads = [payload(i) for i in range(args.requests)]
+        report = asyncio.run(loadgen.closed_loop(args.url, payloads, args.concurrency))
+    print(json.dumps(report.summary(), indent=2))
+    return 0
+
+
+def _lazy(module: str, attr: str) -> Callable[..., object]:
+    def call(*a: object) -> object:
+        import importlib
+
+        return getattr(importlib.import_module(module), attr)(*a)
+
+    return call
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser with one sub-command per job."""
+    from gnnserve.data import prepare
+    from gnnserve.models import train
+
+    parser = argparse.ArgumentParser(prog="gnnserve", description=__doc__)
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("prepare", help="import or generate a graph into a store directory")
+    prepare.add_arguments(p)
+    p.set_defaults(func=prepare.run)
+    p = sub.add_parser("train", help="train a model on a store and write a checkpoint")
+    train.add_arguments(p)
+    p.set_defaults(func=train.run)
+    p = sub.add_parser("serve", help="serve a checkpoint over HTTP")
+    _serve_arguments(p)
+    p.set_defaults(func=run_serve)
+    p = sub.add_parser("bench", help="send load to a running server, print latency/throughput")
+    _bench_arguments(p)
+    p.set_defaults(func=run_bench)
+    p = sub.add_parser("demo", help="the whole job end to end on a generated graph")
+    p.add_argument("--workdir", default="demo_data", help="where the store and checkpoint go")
+    p.add_argument("--requests", type=int, default=400, help="HTTP requests to send")
+    p.set_defaults(func=_lazy("gnnserve.demo", "run"))
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``gnnserve`` console script."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s %(message)s"
+    )
+    try:
+        return int(args.func(args) or 0)
+    except GnnServeError as exc:
+        print(f"error: {exc.message}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

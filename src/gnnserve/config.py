@@ -1,0 +1,99 @@
+"""Configuration: one pydantic model per component, composed by ServeConfig (YAML + CLI)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from gnnserve.errors import InvalidInputError
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class StoreConfig(_Strict):
+    """Where the graph lives and which storage backends read it."""
+
+    path: str = ""  # store directory written by `gnnserve prepare`
+    graph_backend: str = "memory"  # GRAPH_STORES name: memory | mmap
+    feature_backend: str = "memory"  # FEATURE_STORES name: memory | mmap
+    verify_checksum: bool = False  # recompute the content checksum at start-up (slow on big stores)
+
+
+class SamplerConfig(_Strict):
+    """How the computation graph of a batch is built."""
+
+    fanouts: list[int] = Field(default_factory=lambda: [25, 10])  # per hop, nearest first; -1 = all
+    seed: int = 0  # sampler RNG seed
+    parallel_threshold: int = 8192  # sampled edges per hop above which the parallel kernel runs
+
+    @field_validator("fanouts")
+    @classmethod
+    def _fanouts(cls, v: list[int]) -> list[int]:
+        if not v or any(f == 0 or f < -1 for f in v):
+            raise ValueError("fanouts must be positive ints or -1 (all neighbours)")
+        return v
+
+
+class BatcherConfig(_Strict):
+    """Dynamic batching: how concurrent requests are coalesced."""
+
+    max_batch_nodes: int = Field(1024, ge=1)  # seed nodes per batch (before dedupe)
+    max_wait_ms: float = Field(0.0, ge=0.0)  # extra wait for a fuller batch; 0 = greedy
+    pipeline_depth: int = Field(2, ge=1)  # batches buffered between stages
+
+
+class AdmissionConfig(_Strict):
+    """Admission control: bounded queue, request size limit, deadline."""
+
+    max_queue_requests: int = Field(4096, ge=1)  # admitted, unfinished requests before 429
+    max_nodes_per_request: int = Field(4096, ge=1)  # larger requests get 413
+    timeout_s: float = Field(30.0, gt=0)  # queue deadline per request
+
+
+class ServerConfig(_Strict):
+    """HTTP front end."""
+
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=0, le=65535)  # 0 = pick a free port
+    model_name: str = "default"  # the name clients use in /v2/models/{name}
+    log_level: str = "warning"
+
+
+class ServeConfig(_Strict):
+    """Everything `gnnserve serve` needs."""
+
+    store: StoreConfig = Field(default_factory=StoreConfig)
+    model_path: str = ""  # checkpoint directory written by `gnnserve train`
+    sampler: SamplerConfig = Field(default_factory=SamplerConfig)
+    batcher: BatcherConfig = Field(default_factory=BatcherConfig)
+    admission: AdmissionConfig = Field(default_factory=AdmissionConfig)
+    server: ServerConfig = Field(default_factory=ServerConfig)
+
+    @classmethod
+    def load(cls, path: str | Path | None = None, **overrides: Any) -> ServeConfig:
+        """Read YAML (when given), then apply dotted-key overrides like ``sampler.fanouts=[5]``."""
+        data: dict[str, Any] = {}
+        if path:
+            try:
+                data = yaml.safe_load(Path(path).read_text()) or {}
+            except (OSError, yaml.YAMLError) as exc:
+                raise InvalidInputError(f"cannot read config {path}: {exc}", "config") from exc
+        for dotted, value in overrides.items():
+            if value is None:
+                continue
+            node = data
+            *parents, leaf = dotted.split(".")
+            for p in parents:
+                node = node.setdefault(p, {})
+            node[leaf] = value
+        try:
+            return cls.model_validate(data)
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            field = ".".join(str(p) for p in err["loc"])
+            raise InvalidInputError(f"config {field}: {err['msg']}", field) from exc

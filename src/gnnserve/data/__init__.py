@@ -1,0 +1,1 @@
+"""Data import: store layout, writer, validation, importers and synthetic generators."""

@@ -1,0 +1,118 @@
+"""The on-disk store layout: file names, ``meta.json`` schema and its reader.
+
+A store directory holds the graph as CSR over *in*-neighbours (row ``v`` lists the sources ``u`` of
+edges ``u -> v``, the order message passing reads them), features as a raw little-endian array that
+can be memory-mapped, labels and split masks as ``.npy``, and ``meta.json``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from gnnserve.errors import StoreFormatError
+
+FORMAT_VERSION = 1
+META = "meta.json"
+INDPTR = "indptr.bin"
+INDICES = "indices.bin"
+FEATURES = "features.bin"
+LABELS = "labels.npy"
+MASKS = ("train_mask", "val_mask", "test_mask")
+
+
+@dataclass
+class StoreMeta:
+    """Contents of ``meta.json``: counts, dtypes, dims and a content checksum."""
+
+    name: str  # dataset name
+    num_nodes: int  # N
+    num_edges: int  # directed edges stored in the CSR
+    feature_dim: int  # F
+    feature_dtype: str  # "float32" | "float16", little-endian on disk
+    indices_dtype: str  # "int32" when N fits, else "int64"
+    num_classes: int  # 0 when unlabelled
+    checksum: str = ""  # blake2b-128 over the data files, hex
+    indptr_dtype: str = "int64"  # row pointers are always int64
+    format_version: int = FORMAT_VERSION  # bumped on incompatible layout changes
+    has_labels: bool = False  # labels.npy present
+    masks: list[str] = field(default_factory=list)  # which split masks are present
+    source: str = ""  # where the data came from (importer / generator and its arguments)
+
+    def to_json(self) -> str:
+        """Serialise with stable key order."""
+        return json.dumps(asdict(self), indent=2, sort_keys=True)
+
+
+def read_meta(store_dir: str | Path) -> StoreMeta:
+    """Read and check ``meta.json`` of ``store_dir``; raise StoreFormatError when unusable."""
+    path = Path(store_dir) / META
+    if not path.is_file():
+        raise StoreFormatError(f"{store_dir} is not a gnnserve store: {META} missing", "store")
+    try:
+        raw = json.loads(path.read_text())
+        meta = StoreMeta(**raw)
+    except (json.JSONDecodeError, TypeError) as exc:
+        raise StoreFormatError(f"{path} is malformed: {exc}", "store") from exc
+    if meta.format_version != FORMAT_VERSION:
+        raise StoreFormatError(
+            f"{path}: format version {meta.format_version}, this gnnserve reads {FORMAT_VERSION}",
+            "store",
+        )
+    return meta
+
+
+def data_files(store_dir: str | Path, meta: StoreMeta) -> list[Path]:
+    """The files covered by the checksum, in a fixed order."""
+    root = Path(store_dir)
+    names = [INDPTR, INDICES, FEATURES]
+    if meta.has_labels:
+        names.append(LABELS)
+    names += [f"{m}.npy" for m in meta.masks]
+    return [root / n for n in names]
+
+
+def checksum_files(paths: list[Path], chunk_bytes: int = 1 << 22) -> str:
+    """blake2b-128 over the concatenated contents of ``paths`` (streamed, bounded memory)."""
+    digest = hashlib.blake2b(digest_size=16)
+    for path in paths:
+        with open(path, "rb") as fh:
+            while chunk := fh.read(chunk_bytes):
+                digest.update(chunk)
+    return digest.hexdigest()
+
+
+def verify_checksum(store_dir: str | Path) -> StoreMeta:
+    """Recompute the content checksum and compare it with ``meta.json``."""
+    meta = read_meta(store_dir)
+    actual = checksum_files(data_files(store_dir, meta))
+    if actual != meta.checksum:
+        raise StoreFormatError(
+            f"{store_dir}: checksum mismatch (meta {meta.checksum}, data {actual})", "store"
+        )
+    return meta
+
+
+def open_array(
+    store_dir: str | Path, name: str, dtype: str, shape: tuple[int, ...], mmap: bool
+) -> np.ndarray:
+    """Open a raw little-endian array file, memory-mapped read-only or loaded into memory."""
+    path = Path(store_dir) / name
+    if not path.is_file():
+        raise StoreFormatError(f"{path} missing", "store")
+    expected = int(np.prod(shape)) * np.dtype(dtype).itemsize
+    if path.stat().st_size != expected:
+        raise StoreFormatError(
+            f"{path}: {path.stat().st_size} bytes, expected {expected} for {dtype}{list(shape)}",
+            "store",
+        )
+    le = np.dtype(dtype).newbyteorder("<")
+    if expected == 0:
+        return np.zeros(shape, dtype=le)
+    if mmap:
+        return np.memmap(path, dtype=le, mode="r", shape=shape)
+    return np.fromfile(path, dtype=le).reshape(shape)

@@ -1,0 +1,172 @@
+"""Engine: admission -> batcher -> sample -> fetch -> compute, with per-request futures."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+
+import numpy as np
+import torch
+
+from gnnserve.config import ServeConfig
+from gnnserve.engine.admission import Admission, Ticket
+from gnnserve.engine.batcher import STOP, Batch, Batcher
+from gnnserve.engine.pipeline import Stage, fail_batch
+from gnnserve.features.base import FeatureStore
+from gnnserve.graph.base import GraphStore
+from gnnserve.models.runner import ModelRunner
+from gnnserve.sampling.sampler import NeighborSampler
+from gnnserve.types import InferenceResult, MiniBatch, OutputKind, StageTimings
+
+log = logging.getLogger(__name__)
+
+
+class Engine:
+    """Serves predictions for existing nodes of one graph with one model.
+
+    Thread-safe: ``submit`` may be called from any thread; ``predict`` blocks, ``apredict`` awaits.
+    """
+
+    def __init__(
+        self,
+        graph: GraphStore,
+        features: FeatureStore,
+        runner: ModelRunner,
+        config: ServeConfig | None = None,
+    ) -> None:
+        self.config = config or ServeConfig()
+        self.graph = graph
+        self.features = features
+        self.runner = runner
+        s = self.config.sampler
+        self.sampler = NeighborSampler(graph, s.fanouts, s.seed, s.parallel_threshold)
+        self.admission = Admission(graph, self.config.admission)
+        self._in_degree = torch.from_numpy(graph.in_degree().astype(np.float32))
+        self._inbox: queue.Queue[object] = queue.Queue()
+        self.batcher = Batcher(self.config.batcher, self._inbox)
+        self.observers: list[Callable[[Batch], None]] = []  # called after each finished batch
+        self._threads: list[threading.Thread] = []
+        self._started = False
+
+    # lifecycle -------------------------------------------------------------------------------
+    def start(self) -> Engine:
+        """Start the stage threads (idempotent)."""
+        if self._started:
+            return self
+        depth = self.config.batcher.pipeline_depth
+        to_fetch: queue.Queue[object] = queue.Queue(maxsize=depth)
+        to_compute: queue.Queue[object] = queue.Queue(maxsize=depth)
+        self._threads = [
+            threading.Thread(target=self._sample_loop, args=(to_fetch,), daemon=True),
+            Stage("fetch", self._fetch, to_fetch, to_compute),
+            Stage("compute", self._compute, to_compute, None),
+        ]
+        for t in self._threads:
+            t.start()
+        self._started = True
+        return self
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """Refuse new requests, finish every accepted one, then stop the threads."""
+        self.admission.close()
+        if not self._started:
+            return
+        self._inbox.put(STOP)
+        for t in self._threads:
+            t.join(timeout_s)
+        self._started = False
+
+    @property
+    def started(self) -> bool:
+        """True while the stage threads run."""
+        return self._started
+
+    def __enter__(self) -> Engine:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # requests ------------------------------------------------------------------------------
+    def submit(self, nodes: object, output: str | OutputKind = "label") -> Future[InferenceResult]:
+        """Admit a request and return its future; raises typed errors for bad or excess input."""
+        if not self._started:
+            self.start()
+        ticket = self.admission.admit(nodes, output)
+        self._inbox.put(ticket)
+        return ticket.future
+
+    def predict(
+        self, nodes: object, output: str | OutputKind = "label", timeout_s: float | None = None
+    ) -> InferenceResult:
+        """Blocking prediction for ``nodes`` (existing node ids)."""
+        return self.submit(nodes, output).result(timeout=timeout_s)
+
+    async def apredict(self, nodes: object, output: str | OutputKind = "label") -> InferenceResult:
+        """Awaitable prediction, for asyncio servers."""
+        return await asyncio.wrap_future(self.submit(nodes, output))
+
+    @property
+    def queue_depth(self) -> int:
+        """Requests admitted and not yet answered."""
+        return self.admission.in_flight
+
+    # stages --------------------------------------------------------------------------------
+    def _sample_loop(self, outbox: queue.Queue[object]) -> None:
+        """Batch and sample in one thread, so a batch closes only when sampling can take it."""
+        while (batch := self.batcher.next_batch()) is not None:
+            start = time.perf_counter()
+            try:
+                batch.subgraph = self.sampler.sample(batch.seeds)
+            except BaseException as exc:  # noqa: BLE001 - reported per request
+                fail_batch(batch, exc)
+                continue
+            batch.stage_ms["sample"] = (time.perf_counter() - start) * 1e3
+            outbox.put(batch)
+        outbox.put(STOP)
+
+    def _fetch(self, batch: Batch) -> None:
+        assert batch.subgraph is not None
+        ids = batch.subgraph.input_nodes
+        x = self.features.get(ids)
+        in_degree = self._in_degree.index_select(0, torch.from_numpy(ids))
+        batch.minibatch = MiniBatch(batch.subgraph, x, in_degree)
+
+    def _compute(self, batch: Batch) -> None:
+        assert batch.minibatch is not None and batch.subgraph is not None
+        start = time.perf_counter()
+        logits, embedding = self.runner.forward(batch.minibatch)
+        batch.stage_ms["compute"] = (time.perf_counter() - start) * 1e3
+        self._resolve(batch, logits, embedding)
+        for observe in self.observers:
+            observe(batch)
+
+    def _resolve(self, batch: Batch, logits: torch.Tensor, embedding: torch.Tensor) -> None:
+        assert batch.subgraph is not None
+        rows = batch.subgraph.seed_rows
+        offset = 0
+        now = time.perf_counter()
+        for ticket in batch.tickets:
+            req = ticket.request
+            mine = rows[offset : offset + req.nodes.size]
+            offset += req.nodes.size
+            values = self.runner.shape_output(req.output, logits, embedding, mine)
+            timings = StageTimings(
+                queue_ms=(batch.formed_s - req.arrival_s) * 1e3,
+                sample_ms=batch.stage_ms.get("sample", 0.0),
+                fetch_ms=batch.stage_ms.get("fetch", 0.0),
+                compute_ms=batch.stage_ms.get("compute", 0.0),
+                total_ms=(now - req.arrival_s) * 1e3,
+                batch_size=batch.subgraph.num_seeds,
+            )
+            result = InferenceResult(
+                req.request_id, req.nodes, req.output, values,
+                self.runner.version, self.graph.version, timings,
+            )
+            if not ticket.future.done():
+                ticket.future.set_result(result)

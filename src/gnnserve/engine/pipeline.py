@@ -1,0 +1,63 @@
+"""Stage threads connected by bounded queues: batches of different stages overlap in time."""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+
+from gnnserve.engine.batcher import STOP, Batch
+from gnnserve.errors import GnnServeError
+
+log = logging.getLogger(__name__)
+
+
+def fail_batch(batch: Batch, exc: BaseException) -> None:
+    """Resolve every request of ``batch`` with ``exc`` (wrapped when it is not one of ours)."""
+    if not isinstance(exc, GnnServeError):
+        log.exception("batch failed", exc_info=exc)
+        exc = GnnServeError(f"internal error: {type(exc).__name__}: {exc}")
+    for ticket in batch.tickets:
+        if not ticket.future.done():
+            ticket.future.set_exception(exc)
+
+
+class Stage(threading.Thread):
+    """Applies ``work`` to each batch from ``inbox`` and forwards it to ``outbox``.
+
+    A failing batch resolves its requests with the error and the stage goes on; STOP is passed
+    downstream after everything queued before it, so shutdown drains accepted work.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        work: Callable[[Batch], None],
+        inbox: queue.Queue[object],
+        outbox: queue.Queue[object] | None,
+    ) -> None:
+        super().__init__(name=f"gnnserve-{name}", daemon=True)
+        self.stage_name = name
+        self.work = work
+        self.inbox = inbox
+        self.outbox = outbox
+
+    def run(self) -> None:
+        while True:
+            item = self.inbox.get()
+            if item is STOP:
+                if self.outbox is not None:
+                    self.outbox.put(STOP)
+                return
+            assert isinstance(item, Batch)
+            start = time.perf_counter()
+            try:
+                self.work(item)
+            except BaseException as exc:  # noqa: BLE001 - any failure is reported per request
+                fail_batch(item, exc)
+                continue
+            item.stage_ms[self.stage_name] = (time.perf_counter() - start) * 1e3
+            if self.outbox is not None:
+                self.outbox.put(item)

@@ -1,0 +1,75 @@
+"""Typed errors. Each carries the name of the offending field so the HTTP layer can report it."""
+
+from __future__ import annotations
+
+
+class GnnServeError(Exception):
+    """Base class of every error gnnserve raises on purpose.
+
+    ``field`` names the input that was wrong (``None`` when not about one field);
+    ``http_status`` is the status the server answers with.
+    """
+
+    http_status = 500
+    kind = "internal"
+
+    def __init__(self, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.field = field
+
+    def to_json(self) -> dict[str, object]:
+        """The JSON error body: ``{"error": {"kind", "message", "field"}}``."""
+        return {"error": {"kind": self.kind, "message": self.message, "field": self.field}}
+
+
+class InvalidInputError(GnnServeError, ValueError):
+    """A request or a dataset is malformed (bad ids, shapes, NaN, unknown option)."""
+
+    http_status = 400
+    kind = "invalid_input"
+
+
+class TooManyNodesError(InvalidInputError):
+    """A request asks for more nodes than the configured limit."""
+
+    http_status = 413
+    kind = "too_many_nodes"
+
+
+class UnknownModelError(GnnServeError, KeyError):
+    """The request names a model the server does not serve."""
+
+    http_status = 404
+    kind = "unknown_model"
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return self.message
+
+
+class OverloadedError(GnnServeError):
+    """The admission queue is full: the caller should back off and retry."""
+
+    http_status = 429
+    kind = "overloaded"
+
+
+class DeadlineExceededError(GnnServeError):
+    """A request waited in the queue past its deadline and was dropped before compute."""
+
+    http_status = 504
+    kind = "deadline_exceeded"
+
+
+class ShuttingDownError(GnnServeError):
+    """The engine is stopping and accepts no new requests."""
+
+    http_status = 503
+    kind = "shutting_down"
+
+
+class StoreFormatError(GnnServeError, ValueError):
+    """A store directory is missing files, has the wrong version or fails its checksum."""
+
+    http_status = 500
+    kind = "store_format"

@@ -1,0 +1,50 @@
+"""FeatureStore ABC: node features by id, validated at the public boundary (PyG style)."""
+
+from __future__ import annotations
+
+import abc
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from gnnserve.data import layout
+from gnnserve.errors import InvalidInputError
+from gnnserve.registry import Registry
+
+
+class FeatureStore(abc.ABC):
+    """Node feature rows. ``get`` checks ids then calls ``_read``; caches wrap another store."""
+
+    @property
+    @abc.abstractmethod
+    def num_nodes(self) -> int:
+        """Number of rows N."""
+
+    @property
+    @abc.abstractmethod
+    def dim(self) -> int:
+        """Feature width F."""
+
+    @abc.abstractmethod
+    def _read(self, ids: np.ndarray) -> torch.Tensor:
+        """float32 [len(ids), F] rows for valid, int64 ``ids``."""
+
+    def get(self, ids: np.ndarray) -> torch.Tensor:
+        """Feature rows of ``ids`` as a float32 tensor [len(ids), F]."""
+        arr = np.asarray(ids)
+        if arr.ndim != 1 or (arr.size and not np.issubdtype(arr.dtype, np.integer)):
+            raise InvalidInputError("feature ids must be a 1-D integer array", "ids")
+        arr = arr.astype(np.int64, copy=False)
+        if arr.size and (arr.min() < 0 or arr.max() >= self.num_nodes):
+            raise InvalidInputError(f"feature ids outside [0, {self.num_nodes})", "ids")
+        return self._read(arr)
+
+
+FEATURE_STORES: Registry[FeatureStore] = Registry("feature_store")
+
+
+def open_feature_store(store_dir: str | Path, backend: str = "memory") -> FeatureStore:
+    """Open the features of ``store_dir`` with the backend registered as ``backend``."""
+    meta = layout.read_meta(store_dir)
+    return FEATURE_STORES.create(backend, store_dir, meta)

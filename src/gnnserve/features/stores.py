@@ -1,0 +1,78 @@
+"""Feature backends over the store's raw feature file: in memory or memory-mapped."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numba
+import numpy as np
+import torch
+
+from gnnserve.data import layout
+from gnnserve.features.base import FEATURE_STORES, FeatureStore
+
+_PARALLEL_ROWS = 2048  # below this a serial gather beats thread start-up
+
+
+@numba.njit(parallel=True, nogil=True, cache=True)
+def _gather_parallel(table: np.ndarray, ids: np.ndarray, out: np.ndarray) -> None:
+    for i in numba.prange(ids.shape[0]):
+        out[i, :] = table[ids[i], :]
+
+
+@numba.njit(nogil=True, cache=True)
+def _gather_serial(table: np.ndarray, ids: np.ndarray, out: np.ndarray) -> None:
+    for i in range(ids.shape[0]):
+        out[i, :] = table[ids[i], :]
+
+
+def gather_rows(table: np.ndarray, ids: np.ndarray) -> torch.Tensor:
+    """Rows ``table[ids]`` as float32 torch tensor; numba kernel, parallel for large batches."""
+    out = np.empty((ids.shape[0], table.shape[1]), dtype=np.float32)
+    if table.dtype != np.float32:
+        out[:] = table[ids]  # float16 storage: numpy fancy-index then widen
+    elif ids.shape[0] >= _PARALLEL_ROWS:
+        _gather_parallel(table, ids, out)
+    else:
+        _gather_serial(table, ids, out)
+    return torch.from_numpy(out)
+
+
+class _FileFeatures(FeatureStore):
+    """Features from the store's ``features.bin``; ``use_mmap`` keeps them on disk."""
+
+    use_mmap = False
+
+    def __init__(self, store_dir: str | Path, meta: layout.StoreMeta) -> None:
+        shape = (meta.num_nodes, meta.feature_dim)
+        table = layout.open_array(store_dir, layout.FEATURES, meta.feature_dtype, shape, self.use_mmap)
+        if not self.use_mmap:
+            table = np.ascontiguousarray(table, dtype=meta.feature_dtype)
+            table.setflags(write=False)
+        self.table = table
+        self._n, self._dim = shape
+
+    @property
+    def num_nodes(self) -> int:
+        return self._n
+
+    @property
+    def dim(self) -> int:
+        return self._dim
+
+    def _read(self, ids: np.ndarray) -> torch.Tensor:
+        return gather_rows(self.table, ids)
+
+
+@FEATURE_STORES.register("memory")
+class InMemoryFeatures(_FileFeatures):
+    """The feature table loaded into RAM."""
+
+    use_mmap = False
+
+
+@FEATURE_STORES.register("mmap")
+class MmapFeatures(_FileFeatures):
+    """The feature table memory-mapped read-only from the store."""
+
+    use_mmap = True

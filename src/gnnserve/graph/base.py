@@ -1,0 +1,85 @@
+"""GraphStore ABC: read access to a graph's in-neighbour CSR, validated at the public boundary."""
+
+from __future__ import annotations
+
+import abc
+from pathlib import Path
+
+import numpy as np
+
+from gnnserve.data import layout
+from gnnserve.errors import InvalidInputError
+from gnnserve.registry import Registry
+
+
+class GraphStore(abc.ABC):
+    """Topology of a graph as CSR over in-neighbours.
+
+    Subclasses implement ``_csr``; the public methods check node ids and never return views
+    callers could write through.
+    """
+
+    def __init__(self, meta: layout.StoreMeta) -> None:
+        self.meta = meta
+
+    @property
+    def num_nodes(self) -> int:
+        """Number of nodes N."""
+        return self.meta.num_nodes
+
+    @property
+    def num_edges(self) -> int:
+        """Number of directed edges stored."""
+        return self.meta.num_edges
+
+    @property
+    def version(self) -> str:
+        """Identity of the graph content (the store checksum)."""
+        return self.meta.checksum
+
+    @abc.abstractmethod
+    def _csr(self) -> tuple[np.ndarray, np.ndarray]:
+        """(indptr int64 [N+1], indices int32/int64 [E]) arrays, read-only."""
+
+    def csr(self) -> tuple[np.ndarray, np.ndarray]:
+        """The raw CSR arrays, for kernels (numba reads memory-mapped arrays directly)."""
+        return self._csr()
+
+    def check_nodes(self, nodes: np.ndarray, field: str = "nodes") -> np.ndarray:
+        """Return ``nodes`` as int64 after checking they are valid ids of this graph."""
+        arr = np.asarray(nodes)
+        if arr.ndim != 1:
+            raise InvalidInputError(f"{field} must be a 1-D list of node ids", field)
+        if arr.size and not np.issubdtype(arr.dtype, np.integer):
+            raise InvalidInputError(f"{field} must hold integer node ids, got {arr.dtype}", field)
+        arr = arr.astype(np.int64, copy=False)
+        if arr.size and (arr.min() < 0 or arr.max() >= self.num_nodes):
+            bad = int(arr.min()) if arr.min() < 0 else int(arr.max())
+            raise InvalidInputError(
+                f"{field} holds node id {bad} outside [0, {self.num_nodes})", field
+            )
+        return arr
+
+    def in_degree(self, nodes: np.ndarray | None = None) -> np.ndarray:
+        """In-degree (int64) of ``nodes``, or of every node when None."""
+        indptr, _ = self._csr()
+        if nodes is None:
+            return np.diff(indptr)
+        ids = self.check_nodes(nodes)
+        return indptr[ids + 1] - indptr[ids]
+
+    def neighbors(self, node: int) -> np.ndarray:
+        """In-neighbours of one node (a copy, int64)."""
+        ids = self.check_nodes(np.array([node]), "node")
+        indptr, indices = self._csr()
+        v = int(ids[0])
+        return np.array(indices[indptr[v] : indptr[v + 1]], dtype=np.int64)
+
+
+GRAPH_STORES: Registry[GraphStore] = Registry("graph_store")
+
+
+def open_graph_store(store_dir: str | Path, backend: str = "memory") -> GraphStore:
+    """Open the graph of ``store_dir`` with the backend registered as ``backend``."""
+    meta = layout.read_meta(store_dir)
+    return GRAPH_STORES.create(backend, store_dir, meta)

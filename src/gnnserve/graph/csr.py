@@ -1,0 +1,47 @@
+"""CSR graph backends: fully in memory, or memory-mapped from the store files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from gnnserve.data import layout
+from gnnserve.graph.base import GRAPH_STORES, GraphStore
+
+
+class _FileCSR(GraphStore):
+    """CSR read from a store directory; ``mmap`` decides whether pages stay on disk."""
+
+    use_mmap = False
+
+    def __init__(self, store_dir: str | Path, meta: layout.StoreMeta) -> None:
+        super().__init__(meta)
+        n, e = meta.num_nodes, meta.num_edges
+        self._indptr = layout.open_array(store_dir, layout.INDPTR, "int64", (n + 1,), self.use_mmap)
+        self._indices = layout.open_array(
+            store_dir, layout.INDICES, meta.indices_dtype, (e,), self.use_mmap
+        )
+        if not self.use_mmap:
+            # native byte order, read-only: kernels get contiguous arrays they cannot corrupt
+            self._indptr = np.ascontiguousarray(self._indptr, dtype=np.int64)
+            self._indices = np.ascontiguousarray(self._indices, dtype=meta.indices_dtype)
+            self._indptr.setflags(write=False)
+            self._indices.setflags(write=False)
+
+    def _csr(self) -> tuple[np.ndarray, np.ndarray]:
+        return self._indptr, self._indices
+
+
+@GRAPH_STORES.register("memory")
+class InMemoryCSR(_FileCSR):
+    """The whole CSR loaded into RAM: the fastest backend when it fits."""
+
+    use_mmap = False
+
+
+@GRAPH_STORES.register("mmap")
+class MmapCSR(_FileCSR):
+    """The CSR memory-mapped read-only: pages load on first touch, RAM holds the hot part."""
+
+    use_mmap = True

@@ -1,0 +1,123 @@
+"""HTTP load generator: closed-loop (fixed concurrency) and open-loop (fixed arrival rate).
+
+Used by ``gnnserve demo``, ``gnnserve bench`` and bench/serving.py. Latencies are client-side
+wall times in milliseconds, measured from the scheduled send time in open loop (so queueing in
+the client counts, as it would for a real caller).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+import numpy as np
+
+Payload = dict[str, Any]
+
+
+@dataclass
+class LoadReport:
+    """Outcome of one load run."""
+
+    latencies_ms: list[float] = field(default_factory=list)  # successful requests only
+    status_counts: dict[int, int] = field(default_factory=dict)  # HTTP status -> count
+    responses: list[Any] = field(default_factory=list)  # JSON bodies (when kept), send order
+    duration_s: float = 0.0  # wall time of the run
+    offered_rps: float = 0.0  # open loop: target rate; closed loop: 0
+
+    @property
+    def ok(self) -> int:
+        """Number of 200 answers."""
+        return self.status_counts.get(200, 0)
+
+    @property
+    def throughput_rps(self) -> float:
+        """Successful requests per second."""
+        return self.ok / self.duration_s if self.duration_s else 0.0
+
+    def percentile(self, q: float) -> float:
+        """Latency percentile ``q`` (0-100) in ms; inf when nothing succeeded."""
+        return float(np.percentile(self.latencies_ms, q)) if self.latencies_ms else float("inf")
+
+    def summary(self) -> dict[str, float]:
+        """Headline numbers for JSON output."""
+        return {
+            "offered_rps": round(self.offered_rps, 1),
+            "throughput_rps": round(self.throughput_rps, 1),
+            "p50_ms": round(self.percentile(50), 3),
+            "p99_ms": round(self.percentile(99), 3),
+            "ok": self.ok,
+            "errors": sum(v for k, v in self.status_counts.items() if k != 200),
+        }
+
+
+async def _send(
+    session: aiohttp.ClientSession, url: str, payload: Payload, report: LoadReport,
+    keep: bool, index: int, t0: float,
+) -> None:
+    try:
+        async with session.post(url, json=payload) as resp:
+            body = await resp.json(content_type=None) if keep or resp.status != 200 else None
+            await resp.read()
+            status = resp.status
+    except aiohttp.ClientError:
+        status = -1
+        body = None
+    report.status_counts[status] = report.status_counts.get(status, 0) + 1
+    if status == 200:
+        report.latencies_ms.append((time.perf_counter() - t0) * 1e3)
+    if keep:
+        report.responses[index] = body
+
+
+async def closed_loop(
+    url: str, payloads: list[Payload], concurrency: int, keep_responses: bool = False
+) -> LoadReport:
+    """Send every payload with ``concurrency`` requests outstanding at a time."""
+    report = LoadReport(responses=[None] * len(payloads) if keep_responses else [])
+    queue: asyncio.Queue[int] = asyncio.Queue()
+    for i in range(len(payloads)):
+        queue.put_nowait(i)
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    async with aiohttp.ClientSession(connector=connector) as session:
+
+        async def worker() -> None:
+            while not queue.empty():
+                i = queue.get_nowait()
+                await _send(session, url, payloads[i], report, keep_responses, i, time.perf_counter())
+
+        start = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        report.duration_s = time.perf_counter() - start
+    return report
+
+
+async def open_loop(
+    url: str, make_payload: Callable[[int], Payload], rate_rps: float, duration_s: float,
+    seed: int = 0, max_connections: int = 512,
+) -> LoadReport:
+    """Poisson arrivals at ``rate_rps`` for ``duration_s``; waits for every reply (bounded)."""
+    rng = np.random.default_rng(seed)
+    n = max(1, int(rate_rps * duration_s))
+    send_at = np.cumsum(rng.exponential(1.0 / rate_rps, n))
+    report = LoadReport(offered_rps=rate_rps)
+    connector = aiohttp.TCPConnector(limit=max_connections)
+    timeout = aiohttp.ClientTimeout(total=30)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        start = time.perf_counter()
+        tasks = []
+        for i, offset in enumerate(send_at):
+            delay = start + offset - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            t0 = start + float(offset)
+            tasks.append(asyncio.create_task(
+                _send(session, url, make_payload(i), report, False, i, t0)
+            ))
+        await asyncio.gather(*tasks)
+        report.duration_s = max(time.perf_counter() - start, float(send_at[-1]))
+    return report

@@ -1,0 +1,126 @@
+"""numba kernels of k-hop uniform neighbour sampling without replacement.
+
+Randomness is counter-based (splitmix64 of seed, hop and node id), so a sample depends only on
+its seed and never on thread scheduling: the parallel and serial kernels give identical results.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_MIX1 = np.uint64(0xBF58476D1CE4E5B9)
+_MIX2 = np.uint64(0x94D049BB133111EB)
+
+
+@numba.njit(inline="always")
+def _mix(z: np.uint64) -> np.uint64:
+    z = (z ^ (z >> np.uint64(30))) * _MIX1
+    z = (z ^ (z >> np.uint64(27))) * _MIX2
+    return z ^ (z >> np.uint64(31))
+
+
+@numba.njit(inline="always")
+def row_key(seed: np.uint64, hop: int, node: int) -> np.uint64:
+    """The RNG state that drives the draws of ``node`` at ``hop``."""
+    return _mix(seed ^ _mix(np.uint64(node) * _GOLDEN + np.uint64(hop + 1)))
+
+
+@numba.njit(nogil=True, cache=True)
+def hop_counts(indptr: np.ndarray, frontier: np.ndarray, fanout: int) -> np.ndarray:
+    """Number of neighbours each frontier node draws: min(degree, fanout), all when fanout < 0."""
+    counts = np.empty(frontier.shape[0] + 1, dtype=np.int64)
+    counts[0] = 0
+    for i in range(frontier.shape[0]):
+        v = frontier[i]
+        deg = indptr[v + 1] - indptr[v]
+        counts[i + 1] = deg if fanout < 0 or deg <= fanout else fanout
+    return np.cumsum(counts)
+
+
+@numba.njit(inline="always")
+def _draw_row(indptr, indices, v, k, key, edges, start, dst_local):  # type: ignore[no-untyped-def]
+    """Write k distinct uniform neighbours of v into edges[:, start:start+k] (Floyd's algorithm)."""
+    lo = indptr[v]
+    deg = indptr[v + 1] - lo
+    if k == deg:
+        for j in range(k):
+            edges[0, start + j] = indices[lo + j]
+            edges[1, start + j] = dst_local
+        return
+    state = key
+    filled = 0
+    for j in range(deg - k, deg):
+        state += _GOLDEN
+        t = np.int64(_mix(state) % np.uint64(j + 1))
+        for q in range(filled):  # t already chosen -> take j, which cannot be
+            if edges[0, start + q] == t:
+                t = j
+                break
+        edges[0, start + filled] = t
+        filled += 1
+    for j in range(k):
+        edges[0, start + j] = indices[lo + edges[0, start + j]]
+        edges[1, start + j] = dst_local
+
+
+@numba.njit(nogil=True, cache=True)
+def draw_serial(indptr, indices, frontier, offsets, seed, hop, edges):  # type: ignore[no-untyped-def]
+    """Fill ``edges`` [2, offsets[-1]] with (global source, local destination) per frontier node."""
+    for i in range(frontier.shape[0]):
+        k = offsets[i + 1] - offsets[i]
+        if k:
+            key = row_key(seed, hop, frontier[i])
+            _draw_row(indptr, indices, frontier[i], k, key, edges, offsets[i], i)
+
+
+@numba.njit(nogil=True, parallel=True, cache=True)
+def draw_parallel(indptr, indices, frontier, offsets, seed, hop, edges):  # type: ignore[no-untyped-def]
+    """``draw_serial`` with frontier nodes spread over threads: identical output."""
+    for i in numba.prange(frontier.shape[0]):
+        k = offsets[i + 1] - offsets[i]
+        if k:
+            key = row_key(seed, hop, frontier[i])
+            _draw_row(indptr, indices, frontier[i], k, key, edges, offsets[i], i)
+
+
+@numba.njit(nogil=True, cache=True)
+def relabel(edges: np.ndarray, nodes: np.ndarray, n_nodes: int, local_id: np.ndarray) -> int:
+    """Replace global ids in ``edges[0]`` by local ids, appending unseen nodes to ``nodes``.
+
+    ``local_id`` is a per-sampler scratch map (global id -> local id, -1 = unseen); returns the new
+    node count.
+    """
+    for e in range(edges.shape[1]):
+        u = edges[0, e]
+        lid = local_id[u]
+        if lid < 0:
+            lid = n_nodes
+            local_id[u] = lid
+            nodes[n_nodes] = u
+            n_nodes += 1
+        edges[0, e] = lid
+    return n_nodes
+
+
+@numba.njit(nogil=True, cache=True)
+def unique_seeds(seeds: np.ndarray, nodes: np.ndarray, local_id: np.ndarray) -> tuple:  # type: ignore[type-arg]
+    """Dedupe seeds in first-seen order into ``nodes``; returns (count, row of each seed)."""
+    rows = np.empty(seeds.shape[0], dtype=np.int64)
+    n = 0
+    for i in range(seeds.shape[0]):
+        s = seeds[i]
+        if local_id[s] < 0:
+            local_id[s] = n
+            nodes[n] = s
+            n += 1
+        rows[i] = local_id[s]
+    return n, rows
+
+
+@numba.njit(nogil=True, cache=True)
+def reset_map(local_id: np.ndarray, nodes: np.ndarray, n_nodes: int) -> None:
+    """Return the scratch map to all -1 by touching only the entries a sample used."""
+    for i in range(n_nodes):
+        local_id[nodes[i]] = -1

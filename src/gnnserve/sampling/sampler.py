@@ -1,0 +1,109 @@
+"""k-hop neighbour sampler producing layered blocks with relabelled local ids."""
+
+from __future__ import annotations
+
+import queue
+import threading
+
+import numpy as np
+import torch
+
+from gnnserve.errors import InvalidInputError
+from gnnserve.graph.base import GraphStore
+from gnnserve.sampling import kernels
+from gnnserve.types import Block, SampledSubgraph
+
+# Sampled edges per hop above which the parallel kernel beats the inline one (2-core machine;
+# measured with bench/sampling.py). Below it thread start-up costs more than it saves.
+DEFAULT_PARALLEL_THRESHOLD = 8192
+
+
+def check_fanouts(fanouts: list[int]) -> list[int]:
+    """Validate fanouts: a non-empty list of ints, each > 0 or -1 (all neighbours)."""
+    if not fanouts:
+        raise InvalidInputError("fanouts must list at least one hop", "fanouts")
+    out = []
+    for f in fanouts:
+        if isinstance(f, bool) or int(f) != f or (f <= 0 and f != -1):
+            raise InvalidInputError(f"fanout {f!r} invalid: use a positive int or -1", "fanouts")
+        out.append(int(f))
+    return out
+
+
+class NeighborSampler:
+    """Uniform k-hop sampling without replacement over a GraphStore.
+
+    ``fanouts[0]`` is the hop nearest the seeds; -1 takes every neighbour. Every hop samples the
+    neighbours of all nodes reached so far (DGL-style blocks), so block ``l``'s destinations are
+    exactly block ``l+1``'s sources. Thread-safe: each call borrows its own scratch map.
+    """
+
+    def __init__(
+        self,
+        graph: GraphStore,
+        fanouts: list[int],
+        seed: int = 0,
+        parallel_threshold: int = DEFAULT_PARALLEL_THRESHOLD,
+    ) -> None:
+        self.graph = graph
+        self.fanouts = check_fanouts(fanouts)
+        self.seed = int(seed)
+        self.parallel_threshold = int(parallel_threshold)
+        self._scratch: queue.SimpleQueue[np.ndarray] = queue.SimpleQueue()
+        self._calls = 0
+        self._lock = threading.Lock()
+
+    def _borrow_map(self) -> np.ndarray:
+        try:
+            return self._scratch.get_nowait()
+        except queue.Empty:
+            return np.full(self.graph.num_nodes, -1, dtype=np.int64)
+
+    def _next_seed(self) -> np.uint64:
+        with self._lock:
+            self._calls += 1
+            call = self._calls
+        # distinct, reproducible stream per call: sampler seed x call counter
+        return np.uint64((self.seed * 0x9E3779B1 + call * 0x85EBCA77) & 0xFFFFFFFFFFFFFFFF)
+
+    def sample(self, seeds: np.ndarray, rng_seed: int | None = None) -> SampledSubgraph:
+        """Sample the computation graph of ``seeds`` (int64 ids, duplicates allowed).
+
+        ``rng_seed`` fixes the draws (same seed -> same sample); by default each call draws anew
+        from a stream determined by the sampler's seed.
+        """
+        seeds = self.graph.check_nodes(seeds, "seeds")
+        if seeds.size == 0:
+            raise InvalidInputError("seeds must not be empty", "seeds")
+        key = self._next_seed() if rng_seed is None else np.uint64(rng_seed & (2**64 - 1))
+        indptr, indices = self.graph.csr()
+        local_id = self._borrow_map()
+        nodes = np.empty(seeds.size, dtype=np.int64)
+        n_nodes = 0
+        try:
+            n_nodes, seed_rows = kernels.unique_seeds(seeds, nodes, local_id)
+            num_seeds = n_nodes
+            blocks: list[Block] = []
+            for hop, fanout in enumerate(self.fanouts):
+                frontier = nodes[:n_nodes]
+                offsets = kernels.hop_counts(indptr, frontier, fanout)
+                total = int(offsets[-1])
+                edges = np.empty((2, total), dtype=np.int64)
+                draw = (
+                    kernels.draw_parallel
+                    if total >= self.parallel_threshold
+                    else kernels.draw_serial
+                )
+                draw(indptr, indices, frontier, offsets, key, hop, edges)
+                if nodes.size < n_nodes + total:
+                    nodes = np.concatenate([nodes, np.empty(n_nodes + total - nodes.size, np.int64)])
+                n_dst = n_nodes
+                n_nodes = kernels.relabel(edges, nodes, n_nodes, local_id)
+                blocks.append(Block(torch.from_numpy(edges), n_src=n_nodes, n_dst=n_dst))
+        finally:
+            kernels.reset_map(local_id, nodes, n_nodes)
+            self._scratch.put(local_id)
+        blocks.reverse()
+        return SampledSubgraph(
+            nodes=nodes[:n_nodes].copy(), blocks=blocks, num_seeds=num_seeds, seed_rows=seed_rows
+        )

@@ -1,0 +1,107 @@
+"""The FastAPI application: /v1/predict, Open Inference Protocol v2, /metrics, health."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import torch
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from gnnserve.engine.engine import Engine
+from gnnserve.errors import GnnServeError, InvalidInputError, UnknownModelError
+from gnnserve.server import oip
+from gnnserve.server.metrics import ServerMetrics
+from gnnserve.server.schemas import ErrorResponse, PredictRequest, PredictResponse
+from gnnserve.types import InferenceResult
+
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorResponse} for code in (400, 404, 413, 429, 503, 504)
+}
+
+
+def error_response(exc: GnnServeError) -> JSONResponse:
+    """JSON body ``{"error": {kind, message, field}}`` with the error's HTTP status."""
+    return JSONResponse(exc.to_json(), status_code=exc.http_status)
+
+
+def _validation_error(exc: RequestValidationError) -> InvalidInputError:
+    err = exc.errors()[0] if exc.errors() else {"loc": ("body",), "msg": "invalid body"}
+    loc = [str(p) for p in err.get("loc", ()) if p != "body"]
+    field = ".".join(loc) or "body"
+    if err.get("type") == "json_invalid":
+        return InvalidInputError(f"malformed JSON: {err.get('msg')}", "body")
+    return InvalidInputError(f"{field}: {err.get('msg')}", field)
+
+
+def result_json(model: str, result: InferenceResult) -> dict[str, Any]:
+    """The /v1/predict answer for one engine result."""
+    return {
+        "model": model,
+        "model_version": result.model_version,
+        "graph_version": result.graph_version,
+        "output": result.output.value,
+        "nodes": result.nodes.tolist(),
+        "predictions": result.values.tolist(),
+        "timings": result.timings.as_dict(),
+    }
+
+
+def create_app(engine: Engine, model_name: str = "default") -> FastAPI:
+    """Build the app serving ``engine`` as model ``model_name``; the engine starts with the app."""
+    metrics = ServerMetrics()
+    engine.observers.append(metrics.observe_batch)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        engine.start()
+        yield
+        engine.stop()  # uvicorn has already finished in-flight requests: this drains the engine
+
+    app = FastAPI(title="gnnserve", version="0.1.0", lifespan=lifespan)
+    app.state.engine = engine
+    app.state.metrics = metrics
+    app.state.model_name = model_name
+
+    @app.exception_handler(GnnServeError)
+    async def _ours(_: Request, exc: GnnServeError) -> JSONResponse:
+        metrics.errors.labels(exc.kind).inc()
+        return error_response(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        err = _validation_error(exc)
+        metrics.errors.labels(err.kind).inc()
+        return error_response(err)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        kind = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        metrics.errors.labels(kind).inc()
+        body = {"error": {"kind": kind, "message": str(exc.detail), "field": None}}
+        return JSONResponse(body, status_code=exc.status_code)
+
+    @app.post("/v1/predict", response_model=PredictResponse, responses=_ERRORS)
+    async def predict(body: PredictRequest) -> JSONResponse:
+        """Predict for existing nodes: labels, class probabilities or embeddings."""
+        if body.model is not None and body.model != model_name:
+            raise UnknownModelError(f"unknown model {body.model!r}; serving {model_name!r}", "model")
+        start = time.perf_counter()
+        result = await engine.apredict(body.nodes, body.output)
+        metrics.requests.labels("predict").inc()
+        metrics.request_latency.labels("predict").observe(time.perf_counter() - start)
+        return JSONResponse(result_json(model_name, result))
+
+    @app.get("/metrics", include_in_schema=False)
+    async def prometheus() -> Response:
+        metrics.queue_depth.set(engine.queue_depth)
+        return Response(metrics.render(), media_type="text/plain; version=0.0.4")
+
+    oip.add_routes(app, engine, model_name, metrics, _ERRORS)
+    app.state.torch_threads = torch.get_num_threads()
+    return app

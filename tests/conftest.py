@@ -1,0 +1,44 @@
+"""Shared fixtures: small stores written with the real writer, the shared datasets directory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gnnserve.data.writer import GraphData, write_store
+
+DATASETS = Path(__file__).resolve().parents[1].parent / "shared" / "datasets"
+
+
+def datasets_dir() -> Path:
+    """../shared/datasets, or skip the test when this machine has none."""
+    if not DATASETS.is_dir():
+        pytest.skip(f"shared datasets not found at {DATASETS}")
+    return DATASETS
+
+
+def random_simple_graph(num_nodes: int, num_edges: int, seed: int) -> np.ndarray:
+    """Directed edges without duplicates or self loops, int64 [2, E'] (E' <= num_edges)."""
+    rng = np.random.default_rng(seed)
+    src = rng.integers(0, num_nodes, num_edges)
+    dst = rng.integers(0, num_nodes, num_edges)
+    keys = np.unique(src * num_nodes + dst)
+    ei = np.stack([keys // num_nodes, keys % num_nodes])
+    return ei[:, ei[0] != ei[1]]
+
+
+@pytest.fixture(scope="session")
+def small_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 2,000-node random graph with 16-dim features and 4 classes, written as a store."""
+    n = 2000
+    rng = np.random.default_rng(0)
+    ei = random_simple_graph(n, 30_000, seed=0)
+    x = rng.standard_normal((n, 16)).astype(np.float32)
+    y = rng.integers(0, 4, n)
+    masks = rng.random(n)
+    data = GraphData("small", n, ei, x, y, masks < 0.6, (masks >= 0.6) & (masks < 0.8), masks >= 0.8)
+    out = tmp_path_factory.mktemp("stores") / "small"
+    write_store(data, out)
+    return out

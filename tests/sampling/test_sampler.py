@@ -1,0 +1,105 @@
+"""NeighborSampler: edges exist, no duplicates, fanout bounds, uniformity, reproducibility."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from gnnserve.data.writer import GraphData, write_store
+from gnnserve.errors import InvalidInputError
+from gnnserve.graph import open_graph_store
+from gnnserve.sampling import NeighborSampler
+
+
+def _edge_set(graph) -> set[tuple[int, int]]:
+    indptr, indices = graph.csr()
+    dst = np.repeat(np.arange(graph.num_nodes), np.diff(indptr))
+    return set(zip(np.asarray(indices).tolist(), dst.tolist(), strict=True))
+
+
+@pytest.mark.parametrize("backend", ["memory", "mmap"])
+@pytest.mark.parametrize("fanouts", [[5, 3], [10], [-1, 4], [3, 3, 3]])
+def test_blocks_hold_only_graph_edges_within_fanout(small_store: Path, backend, fanouts) -> None:
+    graph = open_graph_store(small_store, backend)
+    edges = _edge_set(graph)
+    deg = graph.in_degree()
+    sampler = NeighborSampler(graph, fanouts, seed=1)
+    seeds = np.random.default_rng(2).integers(0, graph.num_nodes, 64)
+    sg = sampler.sample(seeds)
+    assert sg.num_seeds == len(np.unique(seeds))
+    np.testing.assert_array_equal(sg.nodes[sg.seed_rows], seeds)
+    assert len(sg.blocks) == len(fanouts)
+    assert len(np.unique(sg.nodes)) == sg.nodes.size
+    # blocks are input-first; their hops are nearest-first in `fanouts`
+    for block, fanout in zip(reversed(sg.blocks), fanouts, strict=True):
+        src, dst = block.edge_index.numpy()
+        assert src.max() < block.n_src and dst.max() < block.n_dst
+        g_src, g_dst = sg.nodes[src], sg.nodes[dst]
+        assert all(e in edges for e in zip(g_src.tolist(), g_dst.tolist(), strict=True))
+        counts = np.bincount(dst, minlength=block.n_dst)
+        want = deg[sg.nodes[: block.n_dst]]
+        if fanout > 0:
+            want = np.minimum(want, fanout)
+        np.testing.assert_array_equal(counts, want)
+        pairs = dst.astype(np.int64) * block.n_src + src
+        assert len(np.unique(pairs)) == pairs.size, "a neighbour drawn twice for one seed"
+    # layering: each block's destinations are the next block's sources
+    for outer, inner in zip(sg.blocks, sg.blocks[1:], strict=False):
+        assert outer.n_dst == inner.n_src
+
+
+def test_full_fanout_returns_whole_neighbourhood(small_store: Path) -> None:
+    graph = open_graph_store(small_store)
+    sg = NeighborSampler(graph, [-1]).sample(np.array([7]))
+    src, _ = sg.blocks[0].edge_index.numpy()
+    assert sorted(sg.nodes[src].tolist()) == sorted(graph.neighbors(7).tolist())
+
+
+def test_neighbour_choice_is_uniform(tmp_path: Path) -> None:
+    """Chi-square: each of a hub's 40 neighbours is drawn equally often at fanout 5."""
+    hub, degree, fanout, runs = 0, 40, 5, 4000
+    src = np.arange(1, degree + 1)
+    ei = np.stack([src, np.full(degree, hub)])
+    write_store(GraphData("star", degree + 1, ei, np.zeros((degree + 1, 1), np.float32)), tmp_path / "s")
+    sampler = NeighborSampler(open_graph_store(tmp_path / "s"), [fanout])
+    counts = np.zeros(degree + 1, dtype=np.int64)
+    for r in range(runs):
+        sg = sampler.sample(np.array([hub]), rng_seed=r)
+        counts[sg.nodes[sg.blocks[0].edge_index[0].numpy()]] += 1
+    observed = counts[1:]
+    assert observed.sum() == runs * fanout
+    result = stats.chisquare(observed)  # expected: runs * fanout / degree each
+    assert result.pvalue > 1e-3, (result, observed)
+
+
+def test_reproducible_and_parallel_equals_serial(small_store: Path) -> None:
+    graph = open_graph_store(small_store)
+    seeds = np.random.default_rng(3).integers(0, graph.num_nodes, 300)
+    serial = NeighborSampler(graph, [10, 5], parallel_threshold=10**12).sample(seeds, rng_seed=42)
+    parallel = NeighborSampler(graph, [10, 5], parallel_threshold=0).sample(seeds, rng_seed=42)
+    np.testing.assert_array_equal(serial.nodes, parallel.nodes)
+    for a, b in zip(serial.blocks, parallel.blocks, strict=True):
+        assert (a.edge_index == b.edge_index).all()
+    other = NeighborSampler(graph, [10, 5]).sample(seeds, rng_seed=43)
+    assert not np.array_equal(serial.nodes, other.nodes)
+
+
+@pytest.mark.parametrize(
+    ("seeds", "fanouts", "field"),
+    [
+        (np.array([-1]), [5], "seeds"),
+        (np.array([10**6]), [5], "seeds"),
+        (np.array([], dtype=np.int64), [5], "seeds"),
+        (np.array([1.5]), [5], "seeds"),
+        (np.array([1]), [0], "fanouts"),
+        (np.array([1]), [], "fanouts"),
+    ],
+)
+def test_bad_input_is_a_typed_error(small_store: Path, seeds, fanouts, field) -> None:
+    graph = open_graph_store(small_store)
+    with pytest.raises(InvalidInputError) as info:
+        NeighborSampler(graph, fanouts).sample(seeds)
+    assert info.value.field == field
