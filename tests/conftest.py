@@ -42,3 +42,25 @@ def small_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("stores") / "small"
     write_store(data, out)
     return out
+
+
+def make_checkpoint(store: Path, out: Path, arch: str = "sage", seed: int = 0) -> Path:
+    """A seeded random-init 2-layer model for ``store``, saved as a checkpoint."""
+    import torch
+
+    from gnnserve.data.layout import read_meta
+    from gnnserve.models.checkpoint import save_checkpoint
+    from gnnserve.models.zoo import GNN, ModelConfig
+
+    meta = read_meta(store)
+    torch.manual_seed(seed)
+    config = ModelConfig(arch=arch, in_dim=meta.feature_dim, hidden_dim=32,
+                         out_dim=max(meta.num_classes, 2), num_layers=2)
+    save_checkpoint(out, GNN(config), config, {"store_checksum": meta.checksum})
+    return out
+
+
+@pytest.fixture(scope="session")
+def small_ckpt(small_store: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Random-init GraphSAGE checkpoint for ``small_store``."""
+    return make_checkpoint(small_store, tmp_path_factory.mktemp("ckpt") / "sage")

@@ -29,7 +29,7 @@ class SamplerConfig(_Strict):
 
     fanouts: list[int] = Field(default_factory=lambda: [25, 10])  # per hop, nearest first; -1 = all
     seed: int = 0  # sampler RNG seed
-    parallel_threshold: int = 8192  # sampled edges per hop above which the parallel kernel runs
+    parallel_threshold: int = 65536  # sampled edges per hop above which the parallel kernel runs
 
     @field_validator("fanouts")
     @classmethod

@@ -11,7 +11,7 @@ import torch
 from gnnserve.data import layout
 from gnnserve.features.base import FEATURE_STORES, FeatureStore
 
-_PARALLEL_ROWS = 2048  # below this a serial gather beats thread start-up
+_PARALLEL_ROWS = 16384  # below this a serial gather beats thread start-up (2 cores)
 
 
 @numba.njit(parallel=True, nogil=True, cache=True)

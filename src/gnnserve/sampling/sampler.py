@@ -15,7 +15,7 @@ from gnnserve.types import Block, SampledSubgraph
 
 # Sampled edges per hop above which the parallel kernel beats the inline one (2-core machine;
 # measured with bench/sampling.py). Below it thread start-up costs more than it saves.
-DEFAULT_PARALLEL_THRESHOLD = 8192
+DEFAULT_PARALLEL_THRESHOLD = 65536
 
 
 def check_fanouts(fanouts: list[int]) -> list[int]:

@@ -54,8 +54,9 @@ def _tensor(name: str, result: InferenceResult) -> dict[str, Any]:
 
 def model_metadata(engine: Engine, name: str) -> dict[str, Any]:
     """OIP v2 model metadata: inputs and the three outputs with their shapes."""
-    classes = int(getattr(engine.runner.model, "out_dim", -1))
-    hidden = int(getattr(engine.runner.model, "embedding_dim", -1))
+    cfg = engine.runner.model.config
+    classes = cfg.out_dim
+    hidden = cfg.hidden_dim if cfg.num_layers > 1 else cfg.in_dim
     return {
         "name": name,
         "versions": [engine.runner.version],

@@ -1,0 +1,75 @@
+"""The baseline a PyG user would write: FastAPI + a NeighborLoader per request + the same model.
+
+One concession to the baseline: the NeighborSampler (its CSC conversion of the graph) is built
+once at start-up and handed to each request's NeighborLoader, as PyG's docs allow; building it
+per request would make the baseline far slower still.
+
+    python bench/baseline_server.py --store DIR --model CKPT --port 8100
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+import torch
+import uvicorn
+from fastapi import FastAPI
+from pydantic import BaseModel
+from torch_geometric.data import Data
+from torch_geometric.loader import NeighborLoader
+from torch_geometric.sampler import NeighborSampler
+
+from gnnserve.data import layout
+from gnnserve.models.checkpoint import load_checkpoint
+
+
+class Body(BaseModel):
+    nodes: list[int]
+
+
+def build_app(store: str, model_dir: str, fanouts: list[int]) -> FastAPI:
+    """Load the store into a PyG ``Data`` and serve ``/predict``."""
+    meta = layout.read_meta(store)
+    indptr = np.fromfile(f"{store}/{layout.INDPTR}", dtype="<i8")
+    indices = np.fromfile(f"{store}/{layout.INDICES}", dtype=meta.indices_dtype).astype(np.int64)
+    dst = np.repeat(np.arange(meta.num_nodes), np.diff(indptr))
+    x = np.fromfile(f"{store}/{layout.FEATURES}", dtype=meta.feature_dtype)
+    data = Data(
+        x=torch.from_numpy(x.reshape(meta.num_nodes, meta.feature_dim).astype(np.float32)),
+        edge_index=torch.from_numpy(np.stack([indices, dst])),
+        num_nodes=meta.num_nodes,
+    )
+    model = load_checkpoint(model_dir).model.eval()
+    sampler = NeighborSampler(data, num_neighbors=fanouts)
+    app = FastAPI()
+
+    @app.post("/predict")
+    def predict(body: Body) -> dict[str, list[int]]:
+        loader = NeighborLoader(data, num_neighbors=fanouts, input_nodes=torch.tensor(body.nodes),
+                                batch_size=len(body.nodes), neighbor_sampler=sampler)
+        batch = next(iter(loader))
+        with torch.no_grad():
+            out = model(batch.x, batch.edge_index)[: batch.batch_size]
+        return {"predictions": out.argmax(dim=1).tolist()}
+
+    @app.get("/health")
+    def health() -> dict[str, bool]:
+        return {"ok": True}
+
+    return app
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--store", required=True)
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--port", type=int, default=8100)
+    parser.add_argument("--fanouts", default="25,10")
+    args = parser.parse_args()
+    app = build_app(args.store, args.model, [int(f) for f in args.fanouts.split(",")])
+    uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning", access_log=False)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,144 @@
+"""Engine: results equal a full-graph PyG forward, batching keeps requests apart, admission."""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from gnnserve.config import ServeConfig
+from gnnserve.engine.loader import build_engine
+from gnnserve.errors import (
+    DeadlineExceededError,
+    InvalidInputError,
+    OverloadedError,
+    ShuttingDownError,
+    TooManyNodesError,
+)
+from gnnserve.features import open_feature_store
+from gnnserve.graph import open_graph_store
+from gnnserve.models.checkpoint import load_checkpoint
+
+
+def _config(store: Path, ckpt: Path, **overrides: object) -> ServeConfig:
+    return ServeConfig.load(None, **{"store.path": str(store), "model_path": str(ckpt),
+                                     "sampler.fanouts": [-1, -1], **overrides})
+
+
+@pytest.fixture(scope="module")
+def reference(small_store: Path, small_ckpt: Path) -> tuple[torch.Tensor, torch.Tensor]:
+    """Full-graph logits and layer-1 embeddings of every node, plain PyG forward."""
+    graph = open_graph_store(small_store)
+    indptr, indices = graph.csr()
+    dst = np.repeat(np.arange(graph.num_nodes), np.diff(indptr))
+    edge_index = torch.from_numpy(np.stack([np.asarray(indices, np.int64), dst]))
+    x = open_feature_store(small_store).get(np.arange(graph.num_nodes))
+    model = load_checkpoint(small_ckpt).model
+    with torch.inference_mode():
+        hidden = torch.relu(model.convs[0](x, edge_index))
+        return model(x, edge_index), hidden
+
+
+def test_outputs_equal_full_graph_forward(small_store, small_ckpt, reference) -> None:
+    logits, hidden = reference
+    nodes = [5, 17, 5, 1999, 0]
+    with build_engine(_config(small_store, small_ckpt)) as engine:
+        probs = engine.predict(nodes, "probs").values
+        labels = engine.predict(nodes, "label").values
+        emb = engine.predict(nodes, "embedding").values
+    torch.testing.assert_close(probs, torch.softmax(logits[nodes], 1), atol=1e-5, rtol=0)
+    assert labels.tolist() == logits[nodes].argmax(1).tolist()
+    torch.testing.assert_close(emb, hidden[nodes], atol=1e-5, rtol=0)
+
+
+def test_concurrent_requests_are_batched_and_kept_apart(small_store, small_ckpt, reference) -> None:
+    logits, _ = reference
+    rng = np.random.default_rng(0)
+    requests = [rng.integers(0, 2000, int(rng.integers(1, 6))).tolist() for _ in range(300)]
+    sizes: list[int] = []
+    with build_engine(_config(small_store, small_ckpt)) as engine:
+        engine.observers.append(lambda b: sizes.append(len(b.tickets)))
+        with ThreadPoolExecutor(16) as pool:
+            results = list(pool.map(lambda r: engine.predict(r, "probs", timeout_s=60), requests))
+    for req, res in zip(requests, results, strict=True):
+        assert res.nodes.tolist() == req
+        torch.testing.assert_close(res.values, torch.softmax(logits[req], 1), atol=1e-5, rtol=0)
+    assert max(sizes) > 1, "concurrent requests were never coalesced"
+    assert sum(sizes) == len(requests)
+
+
+class _Gate:
+    """Blocks the compute stage until released, to hold requests in flight."""
+
+    def __init__(self, runner) -> None:
+        self.runner, self.event = runner, threading.Event()
+        self.version, self.model = runner.version, runner.model
+        self.shape_output = runner.shape_output
+
+    def forward(self, batch):
+        assert self.event.wait(30)
+        return self.runner.forward(batch)
+
+
+def test_overload_is_refused_then_recovers(small_store, small_ckpt) -> None:
+    engine = build_engine(_config(small_store, small_ckpt, **{"admission.max_queue_requests": 2}))
+    gate = _Gate(engine.runner)
+    engine.runner = gate  # type: ignore[assignment]
+    with engine:
+        first = [engine.submit([1]), engine.submit([2])]
+        with pytest.raises(OverloadedError):
+            engine.submit([3])
+        gate.event.set()
+        assert [f.result(30).values.numel() for f in first] == [1, 1]
+        assert engine.predict([3]).values.numel() == 1
+
+
+def test_expired_request_is_dropped(small_store, small_ckpt) -> None:
+    overrides = {"admission.timeout_s": 0.05, "batcher.max_batch_nodes": 1}
+    engine = build_engine(_config(small_store, small_ckpt, **overrides))
+    gate = _Gate(engine.runner)
+    engine.runner = gate  # type: ignore[assignment]
+    with engine:
+        stuck = [engine.submit([i]) for i in range(1, 10)]  # fill the pipeline behind the gate
+        late = [engine.submit([i]) for i in range(10, 20)]
+        threading.Event().wait(0.2)
+        gate.event.set()
+        for f in stuck:
+            f.exception(30)
+        errors = [f.exception(30) for f in late]
+    assert any(isinstance(e, DeadlineExceededError) for e in errors)
+
+
+def test_stop_finishes_accepted_requests(small_store, small_ckpt) -> None:
+    engine = build_engine(_config(small_store, small_ckpt)).start()
+    futures = [engine.submit([i % 2000, (7 * i) % 2000]) for i in range(200)]
+    engine.stop()
+    assert all(f.done() and f.exception() is None for f in futures)
+    with pytest.raises(ShuttingDownError):
+        engine.submit([1])
+
+
+@pytest.mark.parametrize(
+    ("nodes", "output", "error", "field"),
+    [
+        ([], "label", InvalidInputError, "nodes"),
+        ([-1], "label", InvalidInputError, "nodes"),
+        ([2000], "label", InvalidInputError, "nodes"),
+        ([1.5], "label", InvalidInputError, "nodes"),
+        (["a"], "label", InvalidInputError, "nodes"),
+        ([True], "label", InvalidInputError, "nodes"),
+        ([2**70], "label", InvalidInputError, "nodes"),
+        ([1], "logits", InvalidInputError, "output"),
+        (list(range(5000)), "label", TooManyNodesError, "nodes"),
+    ],
+)
+def test_bad_requests_raise_typed_errors(small_store, small_ckpt, nodes, output, error, field) -> None:
+    with build_engine(_config(small_store, small_ckpt)) as engine:
+        with pytest.raises(error) as info:
+            engine.predict(nodes, output)
+        assert info.value.field == field
+        assert engine.predict([1]).values.numel() == 1
