@@ -124,3 +124,41 @@ def reset_map(local_id: np.ndarray, nodes: np.ndarray, n_nodes: int) -> None:
     """Return the scratch map to all -1 by touching only the entries a sample used."""
     for i in range(n_nodes):
         local_id[nodes[i]] = -1
+
+
+@numba.njit(nogil=True, cache=True)
+def sample_inline(indptr, indices, seeds, fanouts, seed, local_id):  # type: ignore[no-untyped-def]
+    """Whole k-hop sample in one serial call: the low-latency path for small batches.
+
+    Returns (nodes, seed_rows, num_seeds, edges [2, E_total] with local ids, hop_offsets
+    [hops+1] into edges, layer_sizes [hops+1] node counts after each hop). ``local_id`` is left
+    all -1 again.
+    """
+    nodes = np.empty(max(seeds.shape[0] * 4, 64), dtype=np.int64)
+    n_nodes, seed_rows = unique_seeds(seeds, nodes, local_id)
+    num_seeds = n_nodes
+    hops = fanouts.shape[0]
+    hop_offsets = np.zeros(hops + 1, dtype=np.int64)
+    layer_sizes = np.empty(hops + 1, dtype=np.int64)
+    layer_sizes[0] = n_nodes
+    edges = np.empty((2, 256), dtype=np.int64)
+    for hop in range(hops):
+        frontier = nodes[:n_nodes].copy()
+        offsets = hop_counts(indptr, frontier, fanouts[hop])
+        start = hop_offsets[hop]
+        need = start + offsets[-1]
+        if need > edges.shape[1]:
+            grown = np.empty((2, max(need, 2 * edges.shape[1])), dtype=np.int64)
+            grown[:, :start] = edges[:, :start]
+            edges = grown
+        if n_nodes + offsets[-1] > nodes.shape[0]:
+            bigger = np.empty(n_nodes + offsets[-1] + nodes.shape[0], dtype=np.int64)
+            bigger[:n_nodes] = nodes[:n_nodes]
+            nodes = bigger
+        view = edges[:, start:need]
+        draw_serial(indptr, indices, frontier, offsets, seed, hop, view)
+        n_nodes = relabel(view, nodes, n_nodes, local_id)
+        hop_offsets[hop + 1] = need
+        layer_sizes[hop + 1] = n_nodes
+    reset_map(local_id, nodes, n_nodes)
+    return nodes[:n_nodes].copy(), seed_rows, num_seeds, edges, hop_offsets, layer_sizes

@@ -76,8 +76,40 @@ class NeighborSampler:
         if seeds.size == 0:
             raise InvalidInputError("seeds must not be empty", "seeds")
         key = self._next_seed() if rng_seed is None else np.uint64(rng_seed & (2**64 - 1))
-        indptr, indices = self.graph.csr()
         local_id = self._borrow_map()
+        if seeds.size * self._edges_per_seed < self.parallel_threshold:
+            try:
+                return self._sample_inline(seeds, key, local_id)
+            finally:
+                self._scratch.put(local_id)
+        return self._sample_by_hop(seeds, key, local_id)
+
+    @property
+    def _edges_per_seed(self) -> int:
+        """Upper bound on sampled edges per seed (all hops); full hops count as 1000 each."""
+        bound, width = 0, 1
+        for f in self.fanouts:
+            width *= f if f > 0 else 1000
+            bound += width
+        return bound
+
+    def _sample_inline(self, seeds: np.ndarray, key: np.uint64, local_id: np.ndarray) -> SampledSubgraph:
+        """Latency path: one serial numba call builds every hop."""
+        indptr, indices = self.graph.csr()
+        fanouts = np.asarray(self.fanouts, dtype=np.int64)
+        nodes, seed_rows, num_seeds, edges, hop_off, sizes = kernels.sample_inline(
+            indptr, indices, seeds, fanouts, key, local_id
+        )
+        edge_tensor = torch.from_numpy(edges)
+        blocks = [
+            Block(edge_tensor[:, hop_off[h] : hop_off[h + 1]], int(sizes[h + 1]), int(sizes[h]))
+            for h in range(len(self.fanouts) - 1, -1, -1)
+        ]
+        return SampledSubgraph(nodes, blocks, int(num_seeds), seed_rows)
+
+    def _sample_by_hop(self, seeds: np.ndarray, key: np.uint64, local_id: np.ndarray) -> SampledSubgraph:
+        """Throughput path: hop by hop, large hops drawn by the parallel kernel."""
+        indptr, indices = self.graph.csr()
         nodes = np.empty(seeds.size, dtype=np.int64)
         n_nodes = 0
         try:

@@ -1,0 +1,39 @@
+"""A real uvicorn server on loopback, serving the small test store, shared by the HTTP tests."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import uvicorn
+
+from gnnserve.config import ServeConfig
+from gnnserve.demo import free_port
+from gnnserve.engine.loader import build_engine
+from gnnserve.server.app import create_app
+
+MAX_NODES = 64
+
+
+@pytest.fixture(scope="session")
+def live_server(small_store: Path, small_ckpt: Path) -> Iterator[str]:
+    """Base URL of a running server (model name 'sage', fanouts [-1, -1], 64 nodes max)."""
+    config = ServeConfig.load(None, **{
+        "store.path": str(small_store), "model_path": str(small_ckpt),
+        "sampler.fanouts": [-1, -1], "admission.max_nodes_per_request": MAX_NODES,
+    })
+    app = create_app(build_engine(config), "sage")
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert time.monotonic() < deadline, "server did not start"
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    thread.join(30)
