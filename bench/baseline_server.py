@@ -46,8 +46,13 @@ def build_app(store: str, model_dir: str, fanouts: list[int]) -> FastAPI:
 
     @app.post("/predict")
     def predict(body: Body) -> dict[str, list[int]]:
-        loader = NeighborLoader(data, num_neighbors=fanouts, input_nodes=torch.tensor(body.nodes),
-                                batch_size=len(body.nodes), neighbor_sampler=sampler)
+        loader = NeighborLoader(
+            data,
+            num_neighbors=fanouts,
+            input_nodes=torch.tensor(body.nodes),
+            batch_size=len(body.nodes),
+            neighbor_sampler=sampler,
+        )
         batch = next(iter(loader))
         with torch.no_grad():
             out = model(batch.x, batch.edge_index)[: batch.batch_size]

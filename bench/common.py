@@ -51,8 +51,9 @@ class Targets:
     def check(self, name: str, measured: float, goal: float, higher_is_better: bool = True) -> None:
         """Record one target."""
         met = measured >= goal if higher_is_better else measured <= goal
-        self.rows.append({"name": name, "measured": round(float(measured), 3), "goal": goal,
-                          "met": bool(met)})
+        self.rows.append(
+            {"name": name, "measured": round(float(measured), 3), "goal": goal, "met": bool(met)}
+        )
 
     def print(self) -> None:
         """One line per target, last thing a benchmark prints."""
@@ -65,8 +66,11 @@ def write_results(name: str, payload: dict[str, Any]) -> Path:
     """Write ``bench/results/<name>.json`` (with the environment) and return its path."""
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / f"{name}.json"
-    path.write_text(json.dumps({"benchmark": name, "environment": environment(), **payload},
-                               indent=2, default=float))
+    path.write_text(
+        json.dumps(
+            {"benchmark": name, "environment": environment(), **payload}, indent=2, default=float
+        )
+    )
     return path
 
 
@@ -75,4 +79,6 @@ def require_baseline() -> None:
     try:
         import torch_sparse  # noqa: F401
     except ImportError:
-        sys.exit("baseline needs torch-sparse: pip install ../shared/wheels/*.whl (make bench does)")
+        sys.exit(
+            "baseline needs torch-sparse: pip install ../shared/wheels/*.whl (make bench does)"
+        )

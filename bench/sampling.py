@@ -17,13 +17,13 @@ import tempfile
 import time
 from pathlib import Path
 
-import gnnserve  # noqa: F401  (first: sets the OpenMP wait policy before torch loads it)
 import numpy as np
 import torch
 
+import gnnserve  # noqa: F401  (first: sets the OpenMP wait policy before torch loads it)
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import DATASETS, Targets, require_baseline, time_calls, write_results  # noqa: E402
-
 from gnnserve.data.generators import rmat  # noqa: E402
 from gnnserve.data.writer import GraphData, write_store  # noqa: E402
 from gnnserve.features import open_feature_store  # noqa: E402
@@ -68,11 +68,15 @@ def pyg_step(data: GraphData, seed_batches: list[np.ndarray], batch_size: int): 
     from torch_geometric.data import Data
     from torch_geometric.loader import NeighborLoader
 
-    pyg = Data(x=torch.from_numpy(data.x), edge_index=torch.from_numpy(data.edge_index),
-               num_nodes=data.num_nodes)
+    pyg = Data(
+        x=torch.from_numpy(data.x),
+        edge_index=torch.from_numpy(data.edge_index),
+        num_nodes=data.num_nodes,
+    )
     seeds = torch.from_numpy(np.concatenate(seed_batches))
-    loader = NeighborLoader(pyg, num_neighbors=FANOUTS, batch_size=batch_size,
-                            input_nodes=seeds, shuffle=False)
+    loader = NeighborLoader(
+        pyg, num_neighbors=FANOUTS, batch_size=batch_size, input_nodes=seeds, shuffle=False
+    )
     it = iter(loader)
     return lambda _i: next(it)
 
@@ -92,11 +96,17 @@ def bench_graph(name: str, quick: bool, workdir: Path) -> list[dict[str, float]]
         t_ours = time_calls(lambda i, b=batches: ours(b[i]), n)
         baseline = pyg_step(data, batches, bs)
         t_pyg = time_calls(baseline, n)
-        row = {"batch_size": bs, "gnnserve_ms": float(np.median(t_ours)),
-               "pyg_ms": float(np.median(t_pyg)), "batches": n}
+        row = {
+            "batch_size": bs,
+            "gnnserve_ms": float(np.median(t_ours)),
+            "pyg_ms": float(np.median(t_pyg)),
+            "batches": n,
+        }
         row["speedup"] = row["pyg_ms"] / row["gnnserve_ms"]
-        print(f"  batch {bs:5d}: gnnserve {row['gnnserve_ms']:8.3f} ms  "
-              f"PyG {row['pyg_ms']:8.3f} ms  speedup {row['speedup']:6.1f}x")
+        print(
+            f"  batch {bs:5d}: gnnserve {row['gnnserve_ms']:8.3f} ms  "
+            f"PyG {row['pyg_ms']:8.3f} ms  speedup {row['speedup']:6.1f}x"
+        )
         rows.append(row)
     return rows
 
@@ -114,10 +124,19 @@ def plot(results: dict[str, list[dict[str, float]]], path: Path) -> None:
         ax.loglog(bs, [r["gnnserve_ms"] for r in rows], "o-", label="gnnserve")
         ax.loglog(bs, [r["pyg_ms"] for r in rows], "s--", label="PyG NeighborLoader")
         for r in rows:
-            ax.annotate(f"{r['speedup']:.1f}x", (r["batch_size"], r["gnnserve_ms"]),
-                        textcoords="offset points", xytext=(0, -14), ha="center", fontsize=8)
-        ax.set(title=f"{name}: sample + gather, fanouts {FANOUTS}", xlabel="batch size (seeds)",
-               ylabel="median ms per batch")
+            ax.annotate(
+                f"{r['speedup']:.1f}x",
+                (r["batch_size"], r["gnnserve_ms"]),
+                textcoords="offset points",
+                xytext=(0, -14),
+                ha="center",
+                fontsize=8,
+            )
+        ax.set(
+            title=f"{name}: sample + gather, fanouts {FANOUTS}",
+            xlabel="batch size (seeds)",
+            ylabel="median ms per batch",
+        )
         ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -133,8 +152,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for name in ("fb100_cornell5", "rmat"):
             results[name] = bench_graph(name, args.quick, Path(tmp))
-    out = write_results("sampling", {"fanouts": FANOUTS, "feature_dim": FEATURE_DIM,
-                                     "quick": args.quick, "results": results})
+    out = write_results(
+        "sampling",
+        {"fanouts": FANOUTS, "feature_dim": FEATURE_DIM, "quick": args.quick, "results": results},
+    )
     plot(results, out.with_suffix(".png"))
     print(f"wrote {out} and {out.with_suffix('.png')}")
     targets = Targets()

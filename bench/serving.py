@@ -21,12 +21,12 @@ import tempfile
 import time
 from pathlib import Path
 
-import gnnserve  # noqa: F401  (first: sets the OpenMP wait policy)
 import numpy as np
+
+import gnnserve  # noqa: F401  (first: sets the OpenMP wait policy)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import DATASETS, Targets, require_baseline, write_results  # noqa: E402
-
 from gnnserve import loadgen  # noqa: E402
 from gnnserve.data.writer import GraphData, write_store  # noqa: E402
 from gnnserve.demo import free_port, start_server, stop_server, wait_ready  # noqa: E402
@@ -55,8 +55,16 @@ def prepare(workdir: Path) -> tuple[Path, Path, int]:
 
 def start_baseline(store: Path, ckpt: Path, port: int) -> subprocess.Popen[bytes]:
     """Start bench/baseline_server.py on loopback."""
-    cmd = [sys.executable, str(Path(__file__).with_name("baseline_server.py")), "--store",
-           str(store), "--model", str(ckpt), "--port", str(port)]
+    cmd = [
+        sys.executable,
+        str(Path(__file__).with_name("baseline_server.py")),
+        "--store",
+        str(store),
+        "--model",
+        str(ckpt),
+        "--port",
+        str(port),
+    ]
     return subprocess.Popen(cmd, env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
 
@@ -83,11 +91,16 @@ def ladder(url: str, num_nodes: int, duration: float, rates: list[float]) -> lis
     for rate in rates:
         rng = np.random.default_rng(int(rate))
         nodes = rng.integers(0, num_nodes, int(rate * duration) + 1)
-        report = asyncio.run(loadgen.open_loop(
-            url, lambda i, n=nodes: {"nodes": [int(n[i])]}, rate, duration, seed=int(rate)))
+        report = asyncio.run(
+            loadgen.open_loop(
+                url, lambda i, n=nodes: {"nodes": [int(n[i])]}, rate, duration, seed=int(rate)
+            )
+        )
         row = report.summary()
-        print(f"  offered {rate:6.0f}/s  got {row['throughput_rps']:7.1f}/s  "
-              f"p50 {row['p50_ms']:7.2f} ms  p99 {row['p99_ms']:8.2f} ms  errors {row['errors']}")
+        print(
+            f"  offered {rate:6.0f}/s  got {row['throughput_rps']:7.1f}/s  "
+            f"p50 {row['p50_ms']:7.2f} ms  p99 {row['p99_ms']:8.2f} ms  errors {row['errors']}"
+        )
         rows.append(row)
         if row["p99_ms"] > 3 * P99_BUDGET_MS or row["errors"]:
             break
@@ -100,8 +113,9 @@ def best_within_budget(rows: list[dict[str, float]]) -> float:
     return max(ok, default=0.0)
 
 
-def run_server(kind: str, store: Path, ckpt: Path, n: int, duration: float,
-               rates: list[float]) -> list[dict[str, float]]:
+def run_server(
+    kind: str, store: Path, ckpt: Path, n: int, duration: float, rates: list[float]
+) -> list[dict[str, float]]:
     """Start one server, warm it up, run the ladder, stop it."""
     port = free_port()
     if kind == "gnnserve":
@@ -132,8 +146,13 @@ def plot(results: dict[str, list[dict[str, float]]], path: Path) -> None:
     for name, rows in results.items():
         ax.plot([r["throughput_rps"] for r in rows], [r["p99_ms"] for r in rows], "o-", label=name)
     ax.axhline(P99_BUDGET_MS, color="grey", ls=":", label="p99 budget 30 ms")
-    ax.set(xscale="log", yscale="log", xlabel="throughput (requests/s)", ylabel="p99 latency (ms)",
-           title="single-node requests, GraphSAGE 2x256, fanouts [25, 10]")
+    ax.set(
+        xscale="log",
+        yscale="log",
+        xlabel="throughput (requests/s)",
+        ylabel="p99 latency (ms)",
+        title="single-node requests, GraphSAGE 2x256, fanouts [25, 10]",
+    )
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -147,22 +166,36 @@ def main() -> None:
     duration = 2.0 if args.quick else 6.0
     with tempfile.TemporaryDirectory() as tmp:
         store, ckpt, n = prepare(Path(tmp))
-        results = {k: run_server(k, store, ckpt, n, duration, RATES) for k in ("baseline", "gnnserve")}
+        results = {
+            k: run_server(k, store, ckpt, n, duration, RATES) for k in ("baseline", "gnnserve")
+        }
         best = {k: best_within_budget(v) for k, v in results.items()}
         # fixed load both sustain: the baseline's best rate within budget (at least the lowest rung)
         fixed = max(best["baseline"], RATES[0])
         fixed_rows = {k: run_server(k, store, ckpt, n, duration, [fixed])[0] for k in results}
     ratio = best["gnnserve"] / best["baseline"] if best["baseline"] else float("inf")
-    out = write_results("serving", {
-        "p99_budget_ms": P99_BUDGET_MS, "duration_s_per_rate": duration, "quick": args.quick,
-        "ladder": results, "throughput_within_budget": best, "throughput_ratio": ratio,
-        "fixed_load_rps": fixed, "fixed_load": fixed_rows,
-    })
+    out = write_results(
+        "serving",
+        {
+            "p99_budget_ms": P99_BUDGET_MS,
+            "duration_s_per_rate": duration,
+            "quick": args.quick,
+            "ladder": results,
+            "throughput_within_budget": best,
+            "throughput_ratio": ratio,
+            "fixed_load_rps": fixed,
+            "fixed_load": fixed_rows,
+        },
+    )
     plot(results, out.with_suffix(".png"))
-    print(f"throughput at p99 <= {P99_BUDGET_MS} ms: gnnserve {best['gnnserve']:.0f}/s, "
-          f"baseline {best['baseline']:.0f}/s ({ratio:.1f}x)")
-    print(f"p99 at {fixed:.0f}/s: gnnserve {fixed_rows['gnnserve']['p99_ms']:.2f} ms, "
-          f"baseline {fixed_rows['baseline']['p99_ms']:.2f} ms")
+    print(
+        f"throughput at p99 <= {P99_BUDGET_MS} ms: gnnserve {best['gnnserve']:.0f}/s, "
+        f"baseline {best['baseline']:.0f}/s ({ratio:.1f}x)"
+    )
+    print(
+        f"p99 at {fixed:.0f}/s: gnnserve {fixed_rows['gnnserve']['p99_ms']:.2f} ms, "
+        f"baseline {fixed_rows['baseline']['p99_ms']:.2f} ms"
+    )
     print(f"wrote {out} and {out.with_suffix('.png')}")
     targets = Targets()
     targets.check("serving_throughput_ratio_at_p99_30ms", ratio, 5.0)

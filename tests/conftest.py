@@ -38,7 +38,9 @@ def small_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     x = rng.standard_normal((n, 16)).astype(np.float32)
     y = rng.integers(0, 4, n)
     masks = rng.random(n)
-    data = GraphData("small", n, ei, x, y, masks < 0.6, (masks >= 0.6) & (masks < 0.8), masks >= 0.8)
+    data = GraphData(
+        "small", n, ei, x, y, masks < 0.6, (masks >= 0.6) & (masks < 0.8), masks >= 0.8
+    )
     out = tmp_path_factory.mktemp("stores") / "small"
     write_store(data, out)
     return out
@@ -54,8 +56,13 @@ def make_checkpoint(store: Path, out: Path, arch: str = "sage", seed: int = 0) -
 
     meta = read_meta(store)
     torch.manual_seed(seed)
-    config = ModelConfig(arch=arch, in_dim=meta.feature_dim, hidden_dim=32,
-                         out_dim=max(meta.num_classes, 2), num_layers=2)
+    config = ModelConfig(
+        arch=arch,
+        in_dim=meta.feature_dim,
+        hidden_dim=32,
+        out_dim=max(meta.num_classes, 2),
+        num_layers=2,
+    )
     save_checkpoint(out, GNN(config), config, {"store_checksum": meta.checksum})
     return out
 

@@ -20,8 +20,18 @@ def test_prepare_rejects_bad_input_with_a_message(tmp_path: Path, capsys) -> Non
     edges = tmp_path / "e.csv"
     edges.write_text("0,1\n1,7\n")
     np.save(tmp_path / "x.npy", np.zeros((3, 2), np.float32))
-    code = main(["prepare", "csv", "--edges", str(edges), "--features", str(tmp_path / "x.npy"),
-                 "--out", str(tmp_path / "s")])
+    code = main(
+        [
+            "prepare",
+            "csv",
+            "--edges",
+            str(edges),
+            "--features",
+            str(tmp_path / "x.npy"),
+            "--out",
+            str(tmp_path / "s"),
+        ]
+    )
     assert code == 2
     assert "7" in capsys.readouterr().err
 
@@ -30,8 +40,28 @@ def test_prepare_rejects_bad_input_with_a_message(tmp_path: Path, capsys) -> Non
 def test_prepare_train_serve_and_graceful_shutdown(tmp_path: Path) -> None:
     store, ckpt = tmp_path / "store", tmp_path / "ckpt"
     assert main(["prepare", "sbm", "--nodes", "3000", "--seed", "1", "--out", str(store)]) == 0
-    assert main(["train", "--store", str(store), "--arch", "sage", "--layers", "2", "--hidden",
-                 "32", "--epochs", "1", "--fanouts", "5,5", "--out", str(ckpt)]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--store",
+                str(store),
+                "--arch",
+                "sage",
+                "--layers",
+                "2",
+                "--hidden",
+                "32",
+                "--epochs",
+                "1",
+                "--fanouts",
+                "5,5",
+                "--out",
+                str(ckpt),
+            ]
+        )
+        == 0
+    )
     port = free_port()
     proc = start_server(store, ckpt, port, "--max-batch-nodes", "8")
     base = f"http://127.0.0.1:{port}"
@@ -45,8 +75,11 @@ def test_prepare_train_serve_and_graceful_shutdown(tmp_path: Path) -> None:
                 started.wait()
                 for i in range(40):
                     try:
-                        outcomes.append(c.post(f"{base}/v1/predict",
-                                               json={"nodes": [(k * 40 + i) % 3000]}).status_code)
+                        outcomes.append(
+                            c.post(
+                                f"{base}/v1/predict", json={"nodes": [(k * 40 + i) % 3000]}
+                            ).status_code
+                        )
                     except httpx.ConnectError:
                         outcomes.append("refused")  # after shutdown began: never accepted
                         return
@@ -69,7 +102,8 @@ def test_prepare_train_serve_and_graceful_shutdown(tmp_path: Path) -> None:
 
 
 def test_console_script_help() -> None:
-    out = subprocess.run([sys.executable, "-m", "gnnserve.cli", "--help"], capture_output=True,
-                         text=True, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "gnnserve.cli", "--help"], capture_output=True, text=True, check=True
+    ).stdout
     for command in ("prepare", "train", "serve", "bench", "demo"):
         assert command in out

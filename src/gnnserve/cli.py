@@ -34,7 +34,9 @@ def _parse_fanouts(text: str | None) -> list[int] | None:
     try:
         return [int(f) for f in text.split(",")]
     except ValueError:
-        raise GnnServeError(f"--fanouts must be comma-separated ints, got {text!r}", "fanouts") from None
+        raise GnnServeError(
+            f"--fanouts must be comma-separated ints, got {text!r}", "fanouts"
+        ) from None
 
 
 def run_serve(args: argparse.Namespace) -> int:
@@ -65,8 +67,11 @@ def run_serve(args: argparse.Namespace) -> int:
     engine = build_engine(config)
     app = create_app(engine, config.server.model_name)
     s = config.server
-    print(f"gnnserve: serving {config.model_path} on {config.store.path} "
-          f"at http://{s.host}:{s.port} as model {s.model_name!r}", flush=True)
+    print(
+        f"gnnserve: serving {config.model_path} on {config.store.path} "
+        f"at http://{s.host}:{s.port} as model {s.model_name!r}",
+        flush=True,
+    )
     uvicorn.run(app, host=s.host, port=s.port, log_level=s.log_level, access_log=False)
     return 0
 

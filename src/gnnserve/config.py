@@ -67,12 +67,12 @@ class ServerConfig(_Strict):
 class ServeConfig(_Strict):
     """Everything `gnnserve serve` needs."""
 
-    store: StoreConfig = Field(default_factory=StoreConfig)
+    store: StoreConfig = StoreConfig()
     model_path: str = ""  # checkpoint directory written by `gnnserve train`
-    sampler: SamplerConfig = Field(default_factory=SamplerConfig)
-    batcher: BatcherConfig = Field(default_factory=BatcherConfig)
-    admission: AdmissionConfig = Field(default_factory=AdmissionConfig)
-    server: ServerConfig = Field(default_factory=ServerConfig)
+    sampler: SamplerConfig = SamplerConfig()
+    batcher: BatcherConfig = BatcherConfig()
+    admission: AdmissionConfig = AdmissionConfig()
+    server: ServerConfig = ServerConfig()
 
     @classmethod
     def load(cls, path: str | Path | None = None, **overrides: Any) -> ServeConfig:

@@ -54,8 +54,19 @@ def wait_ready(base_url: str, proc: subprocess.Popen[bytes], timeout_s: float = 
 
 def start_server(store: Path, model: Path, port: int, *extra: str) -> subprocess.Popen[bytes]:
     """Start ``gnnserve serve`` as a child process on loopback."""
-    cmd = [sys.executable, "-m", "gnnserve.cli", "serve", "--store", str(store),
-           "--model", str(model), "--port", str(port), *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "gnnserve.cli",
+        "serve",
+        "--store",
+        str(store),
+        "--model",
+        str(model),
+        "--port",
+        str(port),
+        *extra,
+    ]
     return subprocess.Popen(cmd, env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
 
@@ -79,18 +90,22 @@ def _prepare(workdir: Path) -> Path:
     t = time.perf_counter()
     data = sbm(num_nodes=20_000, seed=0)
     meta = write_store(data, store, overwrite=True)
-    print(f"SBM graph: {meta.num_nodes} nodes, {meta.num_edges} edges, "
-          f"{meta.feature_dim} features, {meta.num_classes} classes ({time.perf_counter() - t:.1f} s)")
+    print(
+        f"SBM graph: {meta.num_nodes} nodes, {meta.num_edges} edges, "
+        f"{meta.feature_dim} features, {meta.num_classes} classes ({time.perf_counter() - t:.1f} s)"
+    )
     return store
 
 
 def _train(store: Path, workdir: Path) -> Path:
     meta = layout.read_meta(store)
     ckpt = workdir / "sage"
-    config = ModelConfig(arch="sage", in_dim=meta.feature_dim, hidden_dim=128,
-                         out_dim=meta.num_classes, num_layers=2)
-    report = train(store, config, epochs=3, fanouts=[10, 5], batch_size=512, lr=0.01,
-                   seed=0, out_dir=ckpt)
+    config = ModelConfig(
+        arch="sage", in_dim=meta.feature_dim, hidden_dim=128, out_dim=meta.num_classes, num_layers=2
+    )
+    report = train(
+        store, config, epochs=3, fanouts=[10, 5], batch_size=512, lr=0.01, seed=0, out_dir=ckpt
+    )
     print(f"trained: test accuracy {report.test_acc:.3f}")
     return ckpt
 
@@ -99,17 +114,26 @@ def _load(base_url: str, store: Path, n_requests: int) -> None:
     labels = np.load(store / "labels.npy")
     test = np.flatnonzero(np.load(store / "test_mask.npy"))
     rng = np.random.default_rng(1)
-    payloads = [{"nodes": rng.choice(test, int(rng.integers(1, 5))).tolist(), "output": "label"}
-                for _ in range(n_requests)]
+    payloads = [
+        {"nodes": rng.choice(test, int(rng.integers(1, 5))).tolist(), "output": "label"}
+        for _ in range(n_requests)
+    ]
     report = asyncio.run(loadgen.closed_loop(f"{base_url}/v1/predict", payloads, 32, True))
     got = np.concatenate([r["predictions"] for r in report.responses if r and "predictions" in r])
-    want = np.concatenate([labels[p["nodes"]] for p, r in zip(payloads, report.responses, strict=True)
-                           if r and "predictions" in r])
+    want = np.concatenate(
+        [
+            labels[p["nodes"]]
+            for p, r in zip(payloads, report.responses, strict=True)
+            if r and "predictions" in r
+        ]
+    )
     s = report.summary()
     print(f"{report.ok}/{n_requests} requests answered, {len(got)} node predictions")
     print(f"served accuracy: {np.mean(got == want):.3f}")
-    print(f"latency p50 {s['p50_ms']:.1f} ms, p99 {s['p99_ms']:.1f} ms; "
-          f"throughput {s['throughput_rps']:.0f} requests/s at concurrency 32")
+    print(
+        f"latency p50 {s['p50_ms']:.1f} ms, p99 {s['p99_ms']:.1f} ms; "
+        f"throughput {s['throughput_rps']:.0f} requests/s at concurrency 32"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -132,5 +156,7 @@ def run(args: argparse.Namespace) -> int:
         _load(base, store, args.requests)
     finally:
         code = stop_server(proc)
-    print(f"\nserver shut down cleanly (exit {code}); demo took {time.perf_counter() - start:.0f} s")
+    print(
+        f"\nserver shut down cleanly (exit {code}); demo took {time.perf_counter() - start:.0f} s"
+    )
     return 0 if code == 0 else 1

@@ -56,8 +56,13 @@ class LoadReport:
 
 
 async def _send(
-    session: aiohttp.ClientSession, url: str, payload: Payload, report: LoadReport,
-    keep: bool, index: int, t0: float,
+    session: aiohttp.ClientSession,
+    url: str,
+    payload: Payload,
+    report: LoadReport,
+    keep: bool,
+    index: int,
+    t0: float,
 ) -> None:
     try:
         async with session.post(url, json=payload) as resp:
@@ -88,7 +93,9 @@ async def closed_loop(
         async def worker() -> None:
             while not queue.empty():
                 i = queue.get_nowait()
-                await _send(session, url, payloads[i], report, keep_responses, i, time.perf_counter())
+                await _send(
+                    session, url, payloads[i], report, keep_responses, i, time.perf_counter()
+                )
 
         start = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
@@ -97,8 +104,12 @@ async def closed_loop(
 
 
 async def open_loop(
-    url: str, make_payload: Callable[[int], Payload], rate_rps: float, duration_s: float,
-    seed: int = 0, max_connections: int = 512,
+    url: str,
+    make_payload: Callable[[int], Payload],
+    rate_rps: float,
+    duration_s: float,
+    seed: int = 0,
+    max_connections: int = 512,
 ) -> LoadReport:
     """Poisson arrivals at ``rate_rps`` for ``duration_s``; waits for every reply (bounded)."""
     rng = np.random.default_rng(seed)
@@ -115,9 +126,9 @@ async def open_loop(
             if delay > 0:
                 await asyncio.sleep(delay)
             t0 = start + float(offset)
-            tasks.append(asyncio.create_task(
-                _send(session, url, make_payload(i), report, False, i, t0)
-            ))
+            tasks.append(
+                asyncio.create_task(_send(session, url, make_payload(i), report, False, i, t0))
+            )
         await asyncio.gather(*tasks)
         report.duration_s = max(time.perf_counter() - start, float(send_at[-1]))
     return report

@@ -25,8 +25,15 @@ from gnnserve.models.checkpoint import load_checkpoint
 
 
 def _config(store: Path, ckpt: Path, **overrides: object) -> ServeConfig:
-    return ServeConfig.load(None, **{"store.path": str(store), "model_path": str(ckpt),
-                                     "sampler.fanouts": [-1, -1], **overrides})
+    return ServeConfig.load(
+        None,
+        **{
+            "store.path": str(store),
+            "model_path": str(ckpt),
+            "sampler.fanouts": [-1, -1],
+            **overrides,
+        },
+    )
 
 
 @pytest.fixture(scope="module")
@@ -136,7 +143,9 @@ def test_stop_finishes_accepted_requests(small_store, small_ckpt) -> None:
         (list(range(5000)), "label", TooManyNodesError, "nodes"),
     ],
 )
-def test_bad_requests_raise_typed_errors(small_store, small_ckpt, nodes, output, error, field) -> None:
+def test_bad_requests_raise_typed_errors(
+    small_store, small_ckpt, nodes, output, error, field
+) -> None:
     with build_engine(_config(small_store, small_ckpt)) as engine:
         with pytest.raises(error) as info:
             engine.predict(nodes, output)

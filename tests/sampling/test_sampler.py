@@ -63,7 +63,9 @@ def test_neighbour_choice_is_uniform(tmp_path: Path) -> None:
     hub, degree, fanout, runs = 0, 40, 5, 4000
     src = np.arange(1, degree + 1)
     ei = np.stack([src, np.full(degree, hub)])
-    write_store(GraphData("star", degree + 1, ei, np.zeros((degree + 1, 1), np.float32)), tmp_path / "s")
+    write_store(
+        GraphData("star", degree + 1, ei, np.zeros((degree + 1, 1), np.float32)), tmp_path / "s"
+    )
     sampler = NeighborSampler(open_graph_store(tmp_path / "s"), [fanout])
     counts = np.zeros(degree + 1, dtype=np.int64)
     for r in range(runs):

@@ -21,10 +21,15 @@ MAX_NODES = 64
 @pytest.fixture(scope="session")
 def live_server(small_store: Path, small_ckpt: Path) -> Iterator[str]:
     """Base URL of a running server (model name 'sage', fanouts [-1, -1], 64 nodes max)."""
-    config = ServeConfig.load(None, **{
-        "store.path": str(small_store), "model_path": str(small_ckpt),
-        "sampler.fanouts": [-1, -1], "admission.max_nodes_per_request": MAX_NODES,
-    })
+    config = ServeConfig.load(
+        None,
+        **{
+            "store.path": str(small_store),
+            "model_path": str(small_ckpt),
+            "sampler.fanouts": [-1, -1],
+            "admission.max_nodes_per_request": MAX_NODES,
+        },
+    )
     app = create_app(build_engine(config), "sage")
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))

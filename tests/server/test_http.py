@@ -38,9 +38,11 @@ def test_oip_v2_health_metadata_and_infer(live_server: str) -> None:
     assert httpx.get(f"{live_server}/v2/health/ready").status_code == 200
     meta = httpx.get(f"{live_server}/v2/models/sage").json()
     assert meta["inputs"][0] == {"name": "node_ids", "datatype": "INT64", "shape": [-1]}
-    body = {"id": "r1", "inputs": [{"name": "node_ids", "shape": [3], "datatype": "INT64",
-                                    "data": [4, 5, 6]}],
-            "outputs": [{"name": "label"}, {"name": "probs"}]}
+    body = {
+        "id": "r1",
+        "inputs": [{"name": "node_ids", "shape": [3], "datatype": "INT64", "data": [4, 5, 6]}],
+        "outputs": [{"name": "label"}, {"name": "probs"}],
+    }
     r = httpx.post(f"{live_server}/v2/models/sage/infer", json=body)
     assert r.status_code == 200, r.text
     out = {o["name"]: o for o in r.json()["outputs"]}
@@ -55,9 +57,13 @@ def test_metrics_exposes_latency_batches_queue_and_errors(live_server: str) -> N
     httpx.post(f"{live_server}/v1/predict", json={"nodes": [1]})
     httpx.post(f"{live_server}/v1/predict", json={"nodes": [-5]})
     text = httpx.get(f"{live_server}/metrics").text
-    for name in ("gnnserve_request_latency_seconds_bucket", "gnnserve_stage_latency_seconds_bucket",
-                 "gnnserve_batch_size_bucket", "gnnserve_queue_depth",
-                 'gnnserve_errors_total{kind="invalid_input"}'):
+    for name in (
+        "gnnserve_request_latency_seconds_bucket",
+        "gnnserve_stage_latency_seconds_bucket",
+        "gnnserve_batch_size_bucket",
+        "gnnserve_queue_depth",
+        'gnnserve_errors_total{kind="invalid_input"}',
+    ):
         assert name in text, name
 
 
@@ -89,17 +95,24 @@ def test_bad_predict_bodies_get_4xx_naming_the_field(live_server, body, status, 
 
 @pytest.mark.parametrize("raw", [b"{not json", b"", b"[1, 2]", b"null", b'{"nodes": [1,]}'])
 def test_malformed_json_is_400(live_server: str, raw: bytes) -> None:
-    r = httpx.post(f"{live_server}/v1/predict", content=raw,
-                   headers={"content-type": "application/json"})
+    r = httpx.post(
+        f"{live_server}/v1/predict", content=raw, headers={"content-type": "application/json"}
+    )
     assert r.status_code == 400, r.text
     assert r.json()["error"]["kind"] == "invalid_input"
     assert httpx.post(f"{live_server}/v1/predict", json={"nodes": [1]}).status_code == 200
 
 
-def _infer(data: list[int], shape: list[int], datatype: str = "INT64", name: str = "node_ids",
-           outputs: list[str] | None = None) -> dict[str, object]:
-    body: dict[str, object] = {"inputs": [{"name": name, "shape": shape, "datatype": datatype,
-                                           "data": data}]}
+def _infer(
+    data: list[int],
+    shape: list[int],
+    datatype: str = "INT64",
+    name: str = "node_ids",
+    outputs: list[str] | None = None,
+) -> dict[str, object]:
+    body: dict[str, object] = {
+        "inputs": [{"name": name, "shape": shape, "datatype": datatype, "data": data}]
+    }
     if outputs is not None:
         body["outputs"] = [{"name": o} for o in outputs]
     return body

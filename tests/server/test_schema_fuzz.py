@@ -20,8 +20,12 @@ def test_no_server_errors_on_any_operation(live_server: str) -> None:
     for operation in operations:
 
         @given(case=operation.as_strategy())
-        @settings(max_examples=EXAMPLES_PER_OPERATION, deadline=None, database=None,
-                  suppress_health_check=list(HealthCheck))
+        @settings(
+            max_examples=EXAMPLES_PER_OPERATION,
+            deadline=None,
+            database=None,
+            suppress_health_check=list(HealthCheck),
+        )
         def check(case) -> None:  # type: ignore[no-untyped-def]
             response = case.call(base_url=live_server, timeout=30)
             sent.append(response.status_code)

@@ -13,14 +13,22 @@ def check_edge_index(edge_index: np.ndarray, num_nodes: int) -> np.ndarray:
         raise InvalidInputError(f"empty graph: num_nodes={num_nodes}", "num_nodes")
     ei = np.asarray(edge_index)
     if ei.ndim != 2 or ei.shape[0] != 2:
-        raise InvalidInputError(f"edge_index must have shape [2, E], got {list(ei.shape)}", "edge_index")
+        raise InvalidInputError(
+            f"edge_index must have shape [2, E], got {list(ei.shape)}", "edge_index"
+        )
     if ei.shape[1] == 0:
         raise InvalidInputError("empty graph: edge_index has no edges", "edge_index")
     if not np.issubdtype(ei.dtype, np.integer):
-        if np.issubdtype(ei.dtype, np.floating) and np.all(np.isfinite(ei)) and np.all(ei == np.floor(ei)):
+        if (
+            np.issubdtype(ei.dtype, np.floating)
+            and np.all(np.isfinite(ei))
+            and np.all(ei == np.floor(ei))
+        ):
             ei = ei.astype(np.int64)
         else:
-            raise InvalidInputError(f"edge_index must hold integer ids, got {ei.dtype}", "edge_index")
+            raise InvalidInputError(
+                f"edge_index must hold integer ids, got {ei.dtype}", "edge_index"
+            )
     ei = ei.astype(np.int64, copy=False)
     lo, hi = int(ei.min()), int(ei.max())
     if lo < 0 or hi >= num_nodes:
@@ -73,5 +81,7 @@ def check_mask(mask: np.ndarray | None, num_nodes: int, name: str) -> np.ndarray
         return None
     arr = np.asarray(mask)
     if arr.shape != (num_nodes,):
-        raise InvalidInputError(f"{name} must have shape [{num_nodes}], got {list(arr.shape)}", name)
+        raise InvalidInputError(
+            f"{name} must have shape [{num_nodes}], got {list(arr.shape)}", name
+        )
     return arr.astype(bool, copy=False)

@@ -68,7 +68,9 @@ def write_store(
 ) -> layout.StoreMeta:
     """Validate ``data`` and write it as a store in ``out_dir``; returns the written meta."""
     if feature_dtype not in ("float32", "float16"):
-        raise InvalidInputError(f"feature dtype must be float32 or float16, got {feature_dtype!r}", "dtype")
+        raise InvalidInputError(
+            f"feature dtype must be float32 or float16, got {feature_dtype!r}", "dtype"
+        )
     n = int(data.num_nodes)
     edge_index = check_edge_index(data.edge_index, n)
     x = check_features(data.x, n)
@@ -91,8 +93,9 @@ def write_store(
     if y is not None:
         np.save(out / layout.LABELS, y)
     present = [m for m, arr in masks.items() if arr is not None]
-    for m in present:
-        np.save(out / f"{m}.npy", masks[m])
+    for m, arr in masks.items():
+        if arr is not None:
+            np.save(out / f"{m}.npy", arr)
 
     meta = layout.StoreMeta(
         name=data.name,
@@ -108,5 +111,7 @@ def write_store(
     )
     meta.checksum = layout.checksum_files(layout.data_files(out, meta))
     (out / layout.META).write_text(meta.to_json())
-    log.info("wrote store %s: %d nodes, %d edges, %d features", out, n, meta.num_edges, meta.feature_dim)
+    log.info(
+        "wrote store %s: %d nodes, %d edges, %d features", out, n, meta.num_edges, meta.feature_dim
+    )
     return meta

@@ -30,7 +30,9 @@ def parse_output(output: str | OutputKind) -> OutputKind:
         return OutputKind(output)
     except ValueError:
         kinds = [k.value for k in OutputKind]
-        raise InvalidInputError(f"unknown output {output!r}; choose one of {kinds}", "output") from None
+        raise InvalidInputError(
+            f"unknown output {output!r}; choose one of {kinds}", "output"
+        ) from None
 
 
 class Admission:
@@ -91,7 +93,9 @@ class Admission:
             try:
                 arr = np.asarray(nodes, dtype=np.int64) if nodes else np.empty(0, np.int64)
             except OverflowError:
-                raise InvalidInputError("nodes holds an id beyond the int64 range", "nodes") from None
+                raise InvalidInputError(
+                    "nodes holds an id beyond the int64 range", "nodes"
+                ) from None
         if arr.size == 0:
             raise InvalidInputError("nodes must not be empty", "nodes")
         limit = self.config.max_nodes_per_request

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from gnnserve.config import ServeConfig
-from gnnserve.engine.admission import Admission, Ticket
+from gnnserve.engine.admission import Admission
 from gnnserve.engine.batcher import STOP, Batch, Batcher
 from gnnserve.engine.pipeline import Stage, fail_batch
 from gnnserve.features.base import FeatureStore
@@ -165,8 +165,13 @@ class Engine:
                 batch_size=batch.subgraph.num_seeds,
             )
             result = InferenceResult(
-                req.request_id, req.nodes, req.output, values,
-                self.runner.version, self.graph.version, timings,
+                req.request_id,
+                req.nodes,
+                req.output,
+                values,
+                self.runner.version,
+                self.graph.version,
+                timings,
             )
             if not ticket.future.done():
                 ticket.future.set_result(result)

@@ -45,7 +45,9 @@ class _FileFeatures(FeatureStore):
 
     def __init__(self, store_dir: str | Path, meta: layout.StoreMeta) -> None:
         shape = (meta.num_nodes, meta.feature_dim)
-        table = layout.open_array(store_dir, layout.FEATURES, meta.feature_dtype, shape, self.use_mmap)
+        table = layout.open_array(
+            store_dir, layout.FEATURES, meta.feature_dtype, shape, self.use_mmap
+        )
         if not self.use_mmap:
             table = np.ascontiguousarray(table, dtype=meta.feature_dtype)
             table.setflags(write=False)

@@ -5,13 +5,14 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from gnnserve.models.zoo import GNN
 from gnnserve.types import MiniBatch, OutputKind
 
 
 class ModelRunner:
     """Runs ``model.forward_blocks`` under inference mode and shapes outputs per request."""
 
-    def __init__(self, model: torch.nn.Module, version: str) -> None:
+    def __init__(self, model: GNN, version: str) -> None:
         self.model = model.eval()
         self.version = version
 

@@ -50,16 +50,14 @@ def _draw_row(indptr, indices, v, k, key, edges, start, dst_local):  # type: ign
             edges[1, start + j] = dst_local
         return
     state = key
-    filled = 0
-    for j in range(deg - k, deg):
+    for filled, j in enumerate(range(deg - k, deg)):
         state += _GOLDEN
         t = np.int64(_mix(state) % np.uint64(j + 1))
         for q in range(filled):  # t already chosen -> take j, which cannot be
             if edges[0, start + q] == t:
-                t = j
+                t = np.int64(j)
                 break
         edges[0, start + filled] = t
-        filled += 1
     for j in range(k):
         edges[0, start + j] = indices[lo + edges[0, start + j]]
         edges[1, start + j] = dst_local

@@ -93,7 +93,9 @@ class NeighborSampler:
             bound += width
         return bound
 
-    def _sample_inline(self, seeds: np.ndarray, key: np.uint64, local_id: np.ndarray) -> SampledSubgraph:
+    def _sample_inline(
+        self, seeds: np.ndarray, key: np.uint64, local_id: np.ndarray
+    ) -> SampledSubgraph:
         """Latency path: one serial numba call builds every hop."""
         indptr, indices = self.graph.csr()
         fanouts = np.asarray(self.fanouts, dtype=np.int64)
@@ -107,7 +109,9 @@ class NeighborSampler:
         ]
         return SampledSubgraph(nodes, blocks, int(num_seeds), seed_rows)
 
-    def _sample_by_hop(self, seeds: np.ndarray, key: np.uint64, local_id: np.ndarray) -> SampledSubgraph:
+    def _sample_by_hop(
+        self, seeds: np.ndarray, key: np.uint64, local_id: np.ndarray
+    ) -> SampledSubgraph:
         """Throughput path: hop by hop, large hops drawn by the parallel kernel."""
         indptr, indices = self.graph.csr()
         nodes = np.empty(seeds.size, dtype=np.int64)
@@ -128,7 +132,9 @@ class NeighborSampler:
                 )
                 draw(indptr, indices, frontier, offsets, key, hop, edges)
                 if nodes.size < n_nodes + total:
-                    nodes = np.concatenate([nodes, np.empty(n_nodes + total - nodes.size, np.int64)])
+                    nodes = np.concatenate(
+                        [nodes, np.empty(n_nodes + total - nodes.size, np.int64)]
+                    )
                 n_dst = n_nodes
                 n_nodes = kernels.relabel(edges, nodes, n_nodes, local_id)
                 blocks.append(Block(torch.from_numpy(edges), n_src=n_nodes, n_dst=n_dst))

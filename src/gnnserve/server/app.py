@@ -90,7 +90,9 @@ def create_app(engine: Engine, model_name: str = "default") -> FastAPI:
     async def predict(body: PredictRequest) -> JSONResponse:
         """Predict for existing nodes: labels, class probabilities or embeddings."""
         if body.model is not None and body.model != model_name:
-            raise UnknownModelError(f"unknown model {body.model!r}; serving {model_name!r}", "model")
+            raise UnknownModelError(
+                f"unknown model {body.model!r}; serving {model_name!r}", "model"
+            )
         start = time.perf_counter()
         result = await engine.apredict(body.nodes, body.output)
         metrics.requests.labels("predict").inc()

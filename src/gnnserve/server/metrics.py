@@ -17,18 +17,28 @@ class ServerMetrics:
         self.registry = CollectorRegistry()
         r = self.registry
         self.request_latency = Histogram(
-            "gnnserve_request_latency_seconds", "End-to-end request latency", ["endpoint"],
-            buckets=_LATENCY_BUCKETS, registry=r,
+            "gnnserve_request_latency_seconds",
+            "End-to-end request latency",
+            ["endpoint"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
         )
         self.stage_latency = Histogram(
-            "gnnserve_stage_latency_seconds", "Per-batch stage time", ["stage"],
-            buckets=_LATENCY_BUCKETS, registry=r,
+            "gnnserve_stage_latency_seconds",
+            "Per-batch stage time",
+            ["stage"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
         )
         self.batch_size = Histogram(
             "gnnserve_batch_size", "Unique seed nodes per batch", buckets=_BATCH_BUCKETS, registry=r
         )
-        self.queue_depth = Gauge("gnnserve_queue_depth", "Requests admitted, not answered", registry=r)
-        self.requests = Counter("gnnserve_requests_total", "Requests answered", ["endpoint"], registry=r)
+        self.queue_depth = Gauge(
+            "gnnserve_queue_depth", "Requests admitted, not answered", registry=r
+        )
+        self.requests = Counter(
+            "gnnserve_requests_total", "Requests answered", ["endpoint"], registry=r
+        )
         self.errors = Counter("gnnserve_errors_total", "Errors by kind", ["kind"], registry=r)
 
     def observe_batch(self, batch: Batch) -> None:

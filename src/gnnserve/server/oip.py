@@ -34,7 +34,9 @@ def _node_ids(body: InferRequest) -> list[int]:
     if t.datatype != "INT64":
         raise InvalidInputError(f"{INPUT_NAME} datatype must be INT64, got {t.datatype}", "inputs")
     if len(t.shape) not in (1, 2) or (len(t.shape) == 2 and t.shape[1] != 1):
-        raise InvalidInputError(f"{INPUT_NAME} shape must be [n] or [n, 1], got {t.shape}", "inputs")
+        raise InvalidInputError(
+            f"{INPUT_NAME} shape must be [n] or [n, 1], got {t.shape}", "inputs"
+        )
     if t.shape[0] != len(t.data):
         raise InvalidInputError(
             f"{INPUT_NAME} shape {t.shape} does not match {len(t.data)} data values", "inputs"
@@ -113,9 +115,11 @@ def add_routes(
         results = await asyncio.gather(*(engine.apredict(nodes, w) for w in wanted))
         metrics.requests.labels("infer").inc()
         metrics.request_latency.labels("infer").observe(time.perf_counter() - start)
-        return JSONResponse({
-            "model_name": name,
-            "model_version": engine.runner.version,
-            "id": body.id,
-            "outputs": [_tensor(w, r) for w, r in zip(wanted, results, strict=True)],
-        })
+        return JSONResponse(
+            {
+                "model_name": name,
+                "model_version": engine.runner.version,
+                "id": body.id,
+                "outputs": [_tensor(w, r) for w, r in zip(wanted, results, strict=True)],
+            }
+        )
