@@ -29,7 +29,9 @@ class SamplerConfig(_Strict):
 
     fanouts: list[int] = Field(default_factory=lambda: [25, 10])  # per hop, nearest first; -1 = all
     seed: int = 0  # sampler RNG seed
-    parallel_threshold: int = 65536  # sampled edges per hop above which the parallel kernel runs
+    parallel_threshold: int = (
+        65536  # expected sampled nodes (PSGS) above which the parallel path runs
+    )
 
     @field_validator("fanouts")
     @classmethod
@@ -44,6 +46,7 @@ class BatcherConfig(_Strict):
 
     max_batch_nodes: int = Field(1024, ge=1)  # seed nodes per batch (before dedupe)
     max_wait_ms: float = Field(0.0, ge=0.0)  # extra wait for a fuller batch; 0 = greedy
+    max_batch_cost: float | None = Field(None, gt=0)  # cap on a batch's summed PSGS; None = off
     pipeline_depth: int = Field(2, ge=1)  # batches buffered between stages
 
 

@@ -151,3 +151,22 @@ def test_bad_requests_raise_typed_errors(
             engine.predict(nodes, output)
         assert info.value.field == field
         assert engine.predict([1]).values.numel() == 1
+
+
+def test_batch_cost_cap_splits_batches_by_psgs(small_store, small_ckpt, reference) -> None:
+    """With max_batch_cost, no batch's summed PSGS exceeds the cap (unless a lone request does)."""
+    logits, _ = reference
+    engine = build_engine(_config(small_store, small_ckpt))
+    cap = float(np.sort(engine.psgs)[-5:].sum())  # about five of the most expensive seeds
+    engine = build_engine(_config(small_store, small_ckpt, **{"batcher.max_batch_cost": cap}))
+    costs: list[float] = []
+    engine.observers.append(lambda b: costs.append(float(engine.psgs[b.seeds].sum())))
+    gate = _Gate(engine.runner)
+    engine.runner = gate  # type: ignore[assignment]
+    hubs = np.argsort(engine.psgs)[-40:].tolist()
+    with engine:
+        futures = [engine.submit([h]) for h in hubs]
+        gate.event.set()
+        labels = [f.result(30).values.item() for f in futures]
+    assert labels == logits[hubs].argmax(1).tolist()
+    assert len(costs) > 1 and max(costs) <= cap + 1e-9

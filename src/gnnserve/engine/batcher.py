@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import queue
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -35,9 +36,15 @@ class Batcher:
     exactly when the pipeline is busy and a lone request never waits.
     """
 
-    def __init__(self, config: BatcherConfig, inbox: queue.Queue[object]) -> None:
+    def __init__(
+        self,
+        config: BatcherConfig,
+        inbox: queue.Queue[object],
+        cost: Callable[[np.ndarray], float] | None = None,
+    ) -> None:
         self.config = config
         self.inbox = inbox
+        self.cost = cost  # expected sampling work of some seeds (PSGS sum), for max_batch_cost
         self._carry: Ticket | None = None  # a ticket that did not fit the previous batch
         self.stopped = False
 
@@ -63,23 +70,33 @@ class Batcher:
                 continue
             return item
 
+    def _cost(self, ticket: Ticket) -> float:
+        if self.cost is None or self.config.max_batch_cost is None:
+            return 0.0
+        return self.cost(ticket.request.nodes)
+
     def next_batch(self) -> Batch | None:
         """Block for the first request, then fill the batch; None once stopped and drained."""
         first = self._take(timeout=None)
         if first is None:
             return None
         tickets = [first]
-        size = first.request.nodes.size
+        size, cost = first.request.nodes.size, self._cost(first)
+        max_cost = self.config.max_batch_cost or float("inf")
         close_at = time.perf_counter() + self.config.max_wait_ms / 1e3
-        while size < self.config.max_batch_nodes:
+        while size < self.config.max_batch_nodes and cost < max_cost:
             remaining = close_at - time.perf_counter()
             ticket = self._take(timeout=max(remaining, 0.0) if remaining > 0 else 0)
             if ticket is None:
                 break
-            if size + ticket.request.nodes.size > self.config.max_batch_nodes:
+            extra = self._cost(ticket)
+            if size + ticket.request.nodes.size > self.config.max_batch_nodes or (
+                cost + extra > max_cost
+            ):
                 self._carry = ticket
                 break
             tickets.append(ticket)
             size += ticket.request.nodes.size
+            cost += extra
         seeds = np.concatenate([t.request.nodes for t in tickets])
         return Batch(tickets, seeds, time.perf_counter())

@@ -20,6 +20,7 @@ from gnnserve.engine.pipeline import Stage, fail_batch
 from gnnserve.features.base import FeatureStore
 from gnnserve.graph.base import GraphStore
 from gnnserve.models.runner import ModelRunner
+from gnnserve.sampling.metrics import psgs
 from gnnserve.sampling.sampler import NeighborSampler
 from gnnserve.types import InferenceResult, MiniBatch, OutputKind, StageTimings
 
@@ -44,11 +45,12 @@ class Engine:
         self.features = features
         self.runner = runner
         s = self.config.sampler
-        self.sampler = NeighborSampler(graph, s.fanouts, s.seed, s.parallel_threshold)
+        self.psgs = psgs(graph, s.fanouts)  # expected sampled nodes per seed, O(k|E|) once
+        self.sampler = NeighborSampler(graph, s.fanouts, s.seed, s.parallel_threshold, self.psgs)
         self.admission = Admission(graph, self.config.admission)
         self._in_degree = torch.from_numpy(graph.in_degree().astype(np.float32))
         self._inbox: queue.Queue[object] = queue.Queue()
-        self.batcher = Batcher(self.config.batcher, self._inbox)
+        self.batcher = Batcher(self.config.batcher, self._inbox, self.sampler.expected_size)
         self.observers: list[Callable[[Batch], None]] = []  # called after each finished batch
         self._threads: list[threading.Thread] = []
         self._started = False

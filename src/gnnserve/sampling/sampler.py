@@ -44,11 +44,13 @@ class NeighborSampler:
         fanouts: list[int],
         seed: int = 0,
         parallel_threshold: int = DEFAULT_PARALLEL_THRESHOLD,
+        cost: np.ndarray | None = None,
     ) -> None:
         self.graph = graph
         self.fanouts = check_fanouts(fanouts)
         self.seed = int(seed)
         self.parallel_threshold = int(parallel_threshold)
+        self.cost = cost  # PSGS per node (sampling.metrics.psgs), or None: use a fanout bound
         self._scratch: queue.SimpleQueue[np.ndarray] = queue.SimpleQueue()
         self._calls = 0
         self._lock = threading.Lock()
@@ -77,21 +79,26 @@ class NeighborSampler:
             raise InvalidInputError("seeds must not be empty", "seeds")
         key = self._next_seed() if rng_seed is None else np.uint64(rng_seed & (2**64 - 1))
         local_id = self._borrow_map()
-        if seeds.size * self._edges_per_seed < self.parallel_threshold:
+        if self.expected_size(seeds) < self.parallel_threshold:
             try:
                 return self._sample_inline(seeds, key, local_id)
             finally:
                 self._scratch.put(local_id)
         return self._sample_by_hop(seeds, key, local_id)
 
-    @property
-    def _edges_per_seed(self) -> int:
-        """Upper bound on sampled edges per seed (all hops); full hops count as 1000 each."""
+    def expected_size(self, seeds: np.ndarray) -> float:
+        """Expected sampled nodes for ``seeds``: PSGS sum when known, else a fanout bound.
+
+        It picks the path, as in Quiver: small work runs inline (latency path), large work hop
+        by hop with the parallel kernel (throughput path).
+        """
+        if self.cost is not None:
+            return float(self.cost[seeds].sum())
         bound, width = 0, 1
         for f in self.fanouts:
-            width *= f if f > 0 else 1000
+            width *= f if f > 0 else 1000  # full hops: assume a large degree
             bound += width
-        return bound
+        return float(seeds.size * bound)
 
     def _sample_inline(
         self, seeds: np.ndarray, key: np.uint64, local_id: np.ndarray
