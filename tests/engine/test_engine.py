@@ -170,3 +170,32 @@ def test_batch_cost_cap_splits_batches_by_psgs(small_store, small_ckpt, referenc
         labels = [f.result(30).values.item() for f in futures]
     assert labels == logits[hubs].argmax(1).tolist()
     assert len(costs) > 1 and max(costs) <= cap + 1e-9
+
+
+def test_gcn_with_self_loops_equals_pyg_gcn(tmp_path: Path) -> None:
+    """A graph whose CSR holds self loops: served GCN equals a plain PyG GCNConv stack."""
+    from torch_geometric.nn import GCNConv
+
+    from gnnserve.data.writer import GraphData, write_store
+    from tests.conftest import make_checkpoint, random_simple_graph
+
+    n = 300
+    ei = random_simple_graph(n, 2000, seed=5)
+    loops = np.arange(0, n, 3)
+    ei = np.concatenate([ei, np.stack([loops, loops])], axis=1)
+    x = np.random.default_rng(5).standard_normal((n, 8)).astype(np.float32)
+    write_store(GraphData("loops", n, ei, x, np.arange(n) % 3), tmp_path / "s")
+    ckpt = make_checkpoint(tmp_path / "s", tmp_path / "gcn", arch="gcn")
+    model = load_checkpoint(ckpt).model
+    ref = [GCNConv(8, 32), GCNConv(32, 3)]
+    for conv, mine in zip(ref, model.convs, strict=True):
+        conv.load_state_dict(mine.state_dict())
+    xt, et = torch.from_numpy(x), torch.from_numpy(ei)
+    with torch.inference_mode():
+        want = ref[1](torch.relu(ref[0](xt, et)), et)
+    with build_engine(_config(tmp_path / "s", ckpt)) as engine:
+        got = engine.predict(list(range(n)), "embedding").values
+        logits_rows = engine.predict(list(range(0, n, 7)), "probs").values
+    with torch.inference_mode():
+        torch.testing.assert_close(got, torch.relu(ref[0](xt, et)), atol=1e-5, rtol=0)
+    torch.testing.assert_close(logits_rows, torch.softmax(want[::7], 1), atol=1e-5, rtol=0)

@@ -48,7 +48,8 @@ class Engine:
         self.psgs = psgs(graph, s.fanouts)  # expected sampled nodes per seed, O(k|E|) once
         self.sampler = NeighborSampler(graph, s.fanouts, s.seed, s.parallel_threshold, self.psgs)
         self.admission = Admission(graph, self.config.admission)
-        self._in_degree = torch.from_numpy(graph.in_degree().astype(np.float32))
+        # full-graph degrees for GCN normalisation (gcn_norm counts no self loops)
+        self._in_degree = torch.from_numpy(graph.in_degree_without_self_loops().astype(np.float32))
         self._inbox: queue.Queue[object] = queue.Queue()
         self.batcher = Batcher(self.config.batcher, self._inbox, self.sampler.expected_size)
         self.observers: list[Callable[[Batch], None]] = []  # called after each finished batch

@@ -68,6 +68,14 @@ class GraphStore(abc.ABC):
         ids = self.check_nodes(nodes)
         return indptr[ids + 1] - indptr[ids]
 
+    def in_degree_without_self_loops(self) -> np.ndarray:
+        """In-degree (int64) of every node, self loops not counted (GCN normalisation uses it)."""
+        indptr, indices = self._csr()
+        deg = np.diff(indptr)
+        dst = np.repeat(np.arange(self.num_nodes, dtype=np.int64), deg)
+        loops = np.bincount(dst[np.asarray(indices) == dst], minlength=self.num_nodes)
+        return deg - loops
+
     def neighbors(self, node: int) -> np.ndarray:
         """In-neighbours of one node (a copy, int64)."""
         ids = self.check_nodes(np.array([node]), "node")

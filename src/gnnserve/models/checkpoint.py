@@ -1,0 +1,166 @@
+"""Checkpoint format: a directory with ``config.json`` and ``weights.pt`` (a plain state_dict).
+
+``config.json`` holds the :class:`ModelConfig`, the training metadata (store checksum, accuracy,
+fanouts, date, ...) and the sha256 of ``weights.pt``. Weights load with
+``torch.load(weights_only=True)``: tensors only, no code is ever unpickled. Every problem with a
+checkpoint raises :class:`~gnnserve.errors.StoreFormatError` naming the file.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import torch
+
+from gnnserve.errors import GnnServeError, StoreFormatError
+from gnnserve.models.zoo import GNN, ModelConfig
+
+CONFIG = "config.json"
+WEIGHTS = "weights.pt"
+FORMAT = "gnnserve-checkpoint"
+FORMAT_VERSION = 1
+_FIELD = "model_path"
+
+
+class Checkpoint(NamedTuple):
+    """A loaded checkpoint; unpacks as ``(model, config, meta)``."""
+
+    model: GNN  # in eval mode, on CPU
+    config: ModelConfig  # architecture and sizes
+    meta: dict[str, Any]  # training metadata, plus "version" and "weights_sha256"
+
+    @property
+    def version(self) -> str:
+        """Model identity ``name@sha256(weights.pt)[:12]``."""
+        return str(self.meta["version"])
+
+
+def file_sha256(path: Path, chunk_bytes: int = 1 << 22) -> str:
+    """sha256 of a file's bytes, hex (streamed)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(chunk_bytes):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def save_checkpoint(
+    directory: str | Path, model: GNN, config: ModelConfig, meta: dict[str, Any] | None = None
+) -> str:
+    """Write ``model``'s weights and ``config`` + ``meta`` into ``directory``; return the version.
+
+    ``meta`` must be JSON-able; ``name`` defaults to the directory name and ``date`` to now (UTC).
+    """
+    root = Path(directory)
+    root.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().cpu().contiguous().clone() for k, v in model.state_dict().items()}
+    torch.save(state, root / WEIGHTS)
+    sha = file_sha256(root / WEIGHTS)
+    info = dict(meta or {})
+    info.setdefault("name", root.resolve().name)
+    info.setdefault("date", dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"))
+    doc = {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "model": config.to_dict(),
+        "meta": info,
+        "weights_sha256": sha,
+    }
+    (root / CONFIG).write_text(json.dumps(doc, indent=2, sort_keys=True))
+    return f"{info['name']}@{sha[:12]}"
+
+
+def _read_config(root: Path) -> tuple[ModelConfig, dict[str, Any], str]:
+    path = root / CONFIG
+    if not path.is_file():
+        raise StoreFormatError(f"{root} is not a gnnserve checkpoint: {CONFIG} missing", _FIELD)
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise StoreFormatError(f"{path} is unreadable: {exc}", _FIELD) from exc
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        raise StoreFormatError(f"{path} is not a {FORMAT} config", _FIELD)
+    if doc.get("format_version") != FORMAT_VERSION:
+        raise StoreFormatError(
+            f"{path}: format version {doc.get('format_version')}, this gnnserve reads "
+            f"{FORMAT_VERSION}",
+            _FIELD,
+        )
+    try:
+        config = ModelConfig.from_dict(doc.get("model"))  # type: ignore[arg-type]
+    except GnnServeError as exc:
+        raise StoreFormatError(f"{path}: bad model config: {exc.message}", _FIELD) from exc
+    meta = doc.get("meta")
+    if not isinstance(meta, dict):
+        raise StoreFormatError(f"{path}: 'meta' must be an object", _FIELD)
+    return config, meta, str(doc.get("weights_sha256", ""))
+
+
+def _reason(exc: BaseException) -> str:
+    """The informative line of a torch.load error (torch's first line advises unsafe loading)."""
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    for line in lines:
+        if "GLOBAL" in line or "Unsupported" in line:
+            return line
+    return lines[-1] if lines else type(exc).__name__
+
+
+def _load_state(path: Path, expected_sha: str) -> tuple[dict[str, torch.Tensor], str]:
+    if not path.is_file():
+        raise StoreFormatError(f"checkpoint weights missing: {path}", _FIELD)
+    sha = file_sha256(path)
+    if expected_sha and sha != expected_sha:
+        raise StoreFormatError(
+            f"{path}: sha256 {sha[:12]} does not match config.json ({expected_sha[:12]}); "
+            "the weights were modified or belong to another checkpoint",
+            _FIELD,
+        )
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # torch raises several types for unsafe or corrupt files
+        raise StoreFormatError(
+            f"{path}: refused to load (only plain tensors are accepted): {_reason(exc)}", _FIELD
+        ) from exc
+    if not isinstance(state, dict) or not all(
+        isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state.items()
+    ):
+        raise StoreFormatError(f"{path}: expected a dict of name -> tensor", _FIELD)
+    return state, sha
+
+
+def _check_state(model: GNN, state: dict[str, torch.Tensor], path: Path) -> None:
+    want = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    got = {k: tuple(v.shape) for k, v in state.items()}
+    problems = [f"missing {k}" for k in sorted(want.keys() - got.keys())]
+    problems += [f"unexpected {k}" for k in sorted(got.keys() - want.keys())]
+    problems += [
+        f"{k} has shape {list(got[k])}, config needs {list(want[k])}"
+        for k in sorted(want.keys() & got.keys())
+        if got[k] != want[k]
+    ]
+    problems += [f"{k} holds NaN or inf" for k, v in state.items() if not torch.isfinite(v).all()]
+    if problems:
+        shown = "; ".join(problems[:5]) + (
+            f" (+{len(problems) - 5} more)" if len(problems) > 5 else ""
+        )
+        raise StoreFormatError(f"{path} does not match config.json: {shown}", _FIELD)
+
+
+def load_checkpoint(directory: str | Path) -> Checkpoint:
+    """Load a checkpoint directory written by :func:`save_checkpoint` (model in eval mode)."""
+    root = Path(directory)
+    if not root.is_dir():
+        raise StoreFormatError(f"checkpoint directory not found: {root}", _FIELD)
+    config, meta, expected_sha = _read_config(root)
+    state, sha = _load_state(root / WEIGHTS, expected_sha)
+    model = GNN(config)
+    _check_state(model, state, root / WEIGHTS)
+    model.load_state_dict(state, strict=True)
+    model.eval()
+    name = str(meta.get("name") or root.resolve().name)
+    meta = {**meta, "weights_sha256": sha, "version": f"{name}@{sha[:12]}"}
+    return Checkpoint(model, config, meta)
