@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import json
 import logging
+import signal
 import sys
 from collections.abc import Callable, Sequence
 
@@ -72,7 +73,11 @@ def run_serve(args: argparse.Namespace) -> int:
         f"at http://{s.host}:{s.port} as model {s.model_name!r}",
         flush=True,
     )
+    # uvicorn drains in-flight requests on SIGTERM, then re-raises the signal; with this no-op
+    # handler in place the re-raise returns here and a graceful stop exits 0, not -15.
+    signal.signal(signal.SIGTERM, lambda *_: None)
     uvicorn.run(app, host=s.host, port=s.port, log_level=s.log_level, access_log=False)
+    print("gnnserve: stopped after finishing accepted requests", flush=True)
     return 0
 
 
