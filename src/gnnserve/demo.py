@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import logging
 import os
 import signal
 import socket
@@ -111,6 +112,8 @@ def _train(store: Path, workdir: Path) -> Path:
 
 
 def _load(base_url: str, store: Path, n_requests: int) -> None:
+    warmup = [{"nodes": [i]} for i in range(64)]
+    asyncio.run(loadgen.closed_loop(f"{base_url}/v1/predict", warmup, 8))
     labels = np.load(store / "labels.npy")
     test = np.flatnonzero(np.load(store / "test_mask.npy"))
     rng = np.random.default_rng(1)
@@ -139,6 +142,7 @@ def _load(base_url: str, store: Path, n_requests: int) -> None:
 def run(args: argparse.Namespace) -> int:
     """The demo; returns a process exit code."""
     start = time.perf_counter()
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     workdir = Path(args.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     _step("1/4 generate a 20K-node stochastic block model graph")

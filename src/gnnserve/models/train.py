@@ -155,7 +155,7 @@ def _epoch(
         _batches(data, data.sampler, ids, batch_size, seed),
         total=-(-ids.size // batch_size),
         desc=bar_title,
-        disable=bar_title is None,
+        disable=True if bar_title is None else None,  # None: only on a terminal
         leave=False,
     )
     for x, blocks, deg, y in bar:
