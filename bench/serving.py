@@ -34,7 +34,7 @@ from gnnserve.models.checkpoint import save_checkpoint  # noqa: E402
 from gnnserve.models.zoo import GNN, ModelConfig  # noqa: E402
 
 P99_BUDGET_MS = 30.0
-RATES = [50, 100, 200, 400, 800, 1200, 1600, 2400, 3200, 4800]
+RATES = [50, 100, 150, 200, 250, 300, 400, 500, 650, 800, 1000, 1250, 1600, 2000, 2500, 3200]
 
 
 def prepare(workdir: Path) -> tuple[Path, Path, int]:

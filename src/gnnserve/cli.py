@@ -27,6 +27,7 @@ def _serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-wait-ms", type=float, default=None, help="batching wait (0 = greedy)")
     p.add_argument("--max-queue", type=int, default=None, help="in-flight requests before 429")
     p.add_argument("--max-nodes", type=int, default=None, help="nodes per request before 413")
+    p.add_argument("--torch-threads", type=int, default=None, help="torch threads (default 1)")
 
 
 def _parse_fanouts(text: str | None) -> list[int] | None:
@@ -63,6 +64,7 @@ def run_serve(args: argparse.Namespace) -> int:
             "batcher.max_wait_ms": args.max_wait_ms,
             "admission.max_queue_requests": args.max_queue,
             "admission.max_nodes_per_request": args.max_nodes,
+            "compute.torch_threads": args.torch_threads,
         },
     )
     engine = build_engine(config)

@@ -61,13 +61,18 @@ class Engine:
         """Start the stage threads (idempotent)."""
         if self._started:
             return self
-        depth = self.config.batcher.pipeline_depth
-        to_fetch: queue.Queue[object] = queue.Queue(maxsize=depth)
-        to_compute: queue.Queue[object] = queue.Queue(maxsize=depth)
+        if self.config.compute.torch_threads is not None:
+            torch.set_num_threads(self.config.compute.torch_threads)  # process-wide
+        # at most pipeline_depth batches between batcher and result: while they are busy,
+        # requests wait in the inbox and the next batch grows (adaptive batching)
+        self._slots = threading.Semaphore(self.config.batcher.pipeline_depth)
+        to_fetch: queue.Queue[object] = queue.Queue()
+        to_compute: queue.Queue[object] = queue.Queue()
+        release = self._release_slot
         self._threads = [
             threading.Thread(target=self._sample_loop, args=(to_fetch,), daemon=True),
-            Stage("fetch", self._fetch, to_fetch, to_compute),
-            Stage("compute", self._compute, to_compute, None),
+            Stage("fetch", self._fetch, to_fetch, to_compute, release),
+            Stage("compute", self._compute, to_compute, None, release),
         ]
         for t in self._threads:
             t.start()
@@ -122,16 +127,24 @@ class Engine:
     # stages --------------------------------------------------------------------------------
     def _sample_loop(self, outbox: queue.Queue[object]) -> None:
         """Batch and sample in one thread, so a batch closes only when sampling can take it."""
-        while (batch := self.batcher.next_batch()) is not None:
+        while True:
+            self._slots.acquire()
+            batch = self.batcher.next_batch()
+            if batch is None:
+                break
             start = time.perf_counter()
             try:
                 batch.subgraph = self.sampler.sample(batch.seeds)
             except BaseException as exc:  # noqa: BLE001 - reported per request
                 fail_batch(batch, exc)
+                self._slots.release()
                 continue
             batch.stage_ms["sample"] = (time.perf_counter() - start) * 1e3
             outbox.put(batch)
         outbox.put(STOP)
+
+    def _release_slot(self, _: Batch) -> None:
+        self._slots.release()
 
     def _fetch(self, batch: Batch) -> None:
         assert batch.subgraph is not None

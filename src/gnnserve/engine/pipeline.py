@@ -37,12 +37,14 @@ class Stage(threading.Thread):
         work: Callable[[Batch], None],
         inbox: queue.Queue[object],
         outbox: queue.Queue[object] | None,
+        on_exit: Callable[[Batch], None] | None = None,
     ) -> None:
         super().__init__(name=f"gnnserve-{name}", daemon=True)
         self.stage_name = name
         self.work = work
         self.inbox = inbox
         self.outbox = outbox
+        self.on_exit = on_exit  # called when a batch leaves the pipeline here (done or failed)
 
     def run(self) -> None:
         while True:
@@ -57,7 +59,14 @@ class Stage(threading.Thread):
                 self.work(item)
             except BaseException as exc:  # noqa: BLE001 - any failure is reported per request
                 fail_batch(item, exc)
+                self._exit(item)
                 continue
             item.stage_ms[self.stage_name] = (time.perf_counter() - start) * 1e3
             if self.outbox is not None:
                 self.outbox.put(item)
+            else:
+                self._exit(item)
+
+    def _exit(self, batch: Batch) -> None:
+        if self.on_exit is not None:
+            self.on_exit(batch)
