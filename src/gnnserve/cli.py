@@ -30,23 +30,13 @@ def _serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--torch-threads", type=int, default=None, help="torch threads (default 1)")
 
 
-def _parse_fanouts(text: str | None) -> list[int] | None:
-    if text is None:
-        return None
-    try:
-        return [int(f) for f in text.split(",")]
-    except ValueError:
-        raise GnnServeError(
-            f"--fanouts must be comma-separated ints, got {text!r}", "fanouts"
-        ) from None
-
-
 def run_serve(args: argparse.Namespace) -> int:
     """Load the store and model, then serve HTTP until SIGINT/SIGTERM (graceful)."""
     import uvicorn
 
     from gnnserve.config import ServeConfig
     from gnnserve.engine.loader import build_engine
+    from gnnserve.sampling.sampler import parse_fanouts
     from gnnserve.server.app import create_app
 
     config = ServeConfig.load(
@@ -57,7 +47,7 @@ def run_serve(args: argparse.Namespace) -> int:
             "server.host": args.host,
             "server.port": args.port,
             "server.model_name": args.name,
-            "sampler.fanouts": _parse_fanouts(args.fanouts),
+            "sampler.fanouts": parse_fanouts(args.fanouts),
             "store.graph_backend": args.graph_backend,
             "store.feature_backend": args.feature_backend,
             "batcher.max_batch_nodes": args.max_batch_nodes,

@@ -8,8 +8,10 @@ the client counts, as it would for a real caller).
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,6 +57,18 @@ class LoadReport:
         }
 
 
+@contextlib.contextmanager
+def frozen_heap() -> Iterator[None]:
+    """Freeze the existing heap for a run: a full collection over torch's ~380K objects stalls
+    the client for 200+ ms and would be measured as server latency."""
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
 async def _send(
     session: aiohttp.ClientSession,
     url: str,
@@ -87,20 +101,42 @@ async def closed_loop(
     queue: asyncio.Queue[int] = asyncio.Queue()
     for i in range(len(payloads)):
         queue.put_nowait(i)
+
+    async def worker(session: aiohttp.ClientSession) -> None:
+        while not queue.empty():
+            i = queue.get_nowait()
+            t0 = time.perf_counter()
+            await _send(session, url, payloads[i], report, keep_responses, i, t0)
+
     connector = aiohttp.TCPConnector(limit=concurrency)
-    async with aiohttp.ClientSession(connector=connector) as session:
-
-        async def worker() -> None:
-            while not queue.empty():
-                i = queue.get_nowait()
-                await _send(
-                    session, url, payloads[i], report, keep_responses, i, time.perf_counter()
-                )
-
-        start = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
-        report.duration_s = time.perf_counter() - start
+    with frozen_heap():
+        async with aiohttp.ClientSession(connector=connector) as session:
+            start = time.perf_counter()
+            await asyncio.gather(*(worker(session) for _ in range(concurrency)))
+            report.duration_s = time.perf_counter() - start
     return report
+
+
+async def _schedule(
+    session: aiohttp.ClientSession,
+    url: str,
+    make_payload: Callable[[int], Payload],
+    send_at: np.ndarray,
+    report: LoadReport,
+) -> None:
+    """Fire request i at ``start + send_at[i]`` without waiting for earlier replies."""
+    start = time.perf_counter()
+    tasks = []
+    for i, offset in enumerate(send_at):
+        delay = start + offset - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        t0 = start + float(offset)
+        tasks.append(
+            asyncio.create_task(_send(session, url, make_payload(i), report, False, i, t0))
+        )
+    await asyncio.gather(*tasks)
+    report.duration_s = max(time.perf_counter() - start, float(send_at[-1]))
 
 
 async def open_loop(
@@ -118,17 +154,7 @@ async def open_loop(
     report = LoadReport(offered_rps=rate_rps)
     connector = aiohttp.TCPConnector(limit=max_connections)
     timeout = aiohttp.ClientTimeout(total=30)
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
-        start = time.perf_counter()
-        tasks = []
-        for i, offset in enumerate(send_at):
-            delay = start + offset - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            t0 = start + float(offset)
-            tasks.append(
-                asyncio.create_task(_send(session, url, make_payload(i), report, False, i, t0))
-            )
-        await asyncio.gather(*tasks)
-        report.duration_s = max(time.perf_counter() - start, float(send_at[-1]))
+    with frozen_heap():
+        async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+            await _schedule(session, url, make_payload, send_at, report)
     return report

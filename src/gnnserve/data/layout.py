@@ -101,7 +101,10 @@ def verify_checksum(store_dir: str | Path) -> StoreMeta:
 def open_array(
     store_dir: str | Path, name: str, dtype: str, shape: tuple[int, ...], mmap: bool
 ) -> np.ndarray:
-    """Open a raw little-endian array file, memory-mapped read-only or loaded into memory."""
+    """Open a raw little-endian array file, memory-mapped or loaded into memory; read-only.
+
+    In memory, the array is contiguous in native byte order, ready for numba kernels.
+    """
     path = Path(store_dir) / name
     if not path.is_file():
         raise StoreFormatError(f"{path} missing", "store")
@@ -116,7 +119,11 @@ def open_array(
         return np.zeros(shape, dtype=le)
     if mmap:
         return np.memmap(path, dtype=le, mode="r", shape=shape)
-    return read_hugepage_array(path, le, shape)
+    arr = read_hugepage_array(path, le, shape)
+    if not le.isnative:
+        arr = arr.astype(le.newbyteorder("="))
+    arr.setflags(write=False)
+    return arr
 
 
 def read_hugepage_array(path: Path, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:

@@ -57,9 +57,6 @@ class _FileFeatures(FeatureStore):
         table = layout.open_array(
             store_dir, layout.FEATURES, meta.feature_dtype, shape, self.use_mmap
         )
-        if not self.use_mmap:
-            table = np.ascontiguousarray(table, dtype=meta.feature_dtype)
-            table.setflags(write=False)
         self.table = table
         self._n, self._dim = shape
 

@@ -22,12 +22,6 @@ class _FileCSR(GraphStore):
         self._indices = layout.open_array(
             store_dir, layout.INDICES, meta.indices_dtype, (e,), self.use_mmap
         )
-        if not self.use_mmap:
-            # native byte order, read-only: kernels get contiguous arrays they cannot corrupt
-            self._indptr = np.ascontiguousarray(self._indptr, dtype=np.int64)
-            self._indices = np.ascontiguousarray(self._indices, dtype=meta.indices_dtype)
-            self._indptr.setflags(write=False)
-            self._indices.setflags(write=False)
 
     def _csr(self) -> tuple[np.ndarray, np.ndarray]:
         return self._indptr, self._indices

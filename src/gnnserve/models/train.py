@@ -30,7 +30,7 @@ from gnnserve.graph import open_graph_store
 from gnnserve.models.checkpoint import save_checkpoint
 from gnnserve.models.zoo import GNN, MODELS, ModelConfig
 from gnnserve.sampling import NeighborSampler
-from gnnserve.sampling.sampler import check_fanouts
+from gnnserve.sampling.sampler import check_fanouts, parse_fanouts
 from gnnserve.types import Block
 
 log = logging.getLogger(__name__)
@@ -295,17 +295,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
-def _fanout_list(text: str | None, flag: str) -> list[int] | None:
-    if text is None:
-        return None
-    try:
-        return [int(f) for f in text.split(",")]
-    except ValueError:
-        raise InvalidInputError(
-            f"{flag} must be comma-separated ints, got {text!r}", "fanouts"
-        ) from None
-
-
 def run(args: argparse.Namespace) -> int:
     """``gnnserve train``: train, write the checkpoint, print the report as JSON; exit code."""
     meta = layout.read_meta(args.store)
@@ -322,13 +311,13 @@ def run(args: argparse.Namespace) -> int:
         args.store,
         config,
         epochs=args.epochs,
-        fanouts=_fanout_list(args.fanouts, "--fanouts") or [],
+        fanouts=parse_fanouts(args.fanouts, "--fanouts") or [],
         batch_size=args.batch_size,
         lr=args.lr,
         seed=args.seed,
         out_dir=args.out,
         progress=not args.no_progress,
-        eval_fanouts=_fanout_list(args.eval_fanouts, "--eval-fanouts"),
+        eval_fanouts=parse_fanouts(args.eval_fanouts, "--eval-fanouts"),
         weight_decay=args.weight_decay,
         threads=args.threads,
     )

@@ -30,6 +30,18 @@ def check_fanouts(fanouts: list[int]) -> list[int]:
     return out
 
 
+def parse_fanouts(text: str | None, flag: str = "--fanouts") -> list[int] | None:
+    """Fanouts from a command-line string like ``"25,10"``; None passes through."""
+    if text is None:
+        return None
+    try:
+        return [int(f) for f in text.split(",")]
+    except ValueError:
+        raise InvalidInputError(
+            f"{flag} must be comma-separated ints, got {text!r}", "fanouts"
+        ) from None
+
+
 class NeighborSampler:
     """Uniform k-hop sampling without replacement over a GraphStore.
 
