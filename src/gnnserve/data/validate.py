@@ -85,3 +85,27 @@ def check_mask(mask: np.ndarray | None, num_nodes: int, name: str) -> np.ndarray
             f"{name} must have shape [{num_nodes}], got {list(arr.shape)}", name
         )
     return arr.astype(bool, copy=False)
+
+
+def check_node_ids(ids: object, num_nodes: int, field: str) -> np.ndarray:
+    """Return ``ids`` as int64 [n] after checking they are ids in [0, num_nodes).
+
+    On the request path: small arrays take a Python min/max, cheaper than two numpy reductions.
+    """
+    arr = np.asarray(ids)
+    if arr.ndim != 1:
+        raise InvalidInputError(f"{field} must be a 1-D list of node ids", field)
+    if arr.dtype != np.int64:
+        if arr.size and not np.issubdtype(arr.dtype, np.integer):
+            raise InvalidInputError(f"{field} must hold integer node ids, got {arr.dtype}", field)
+        arr = arr.astype(np.int64)
+    if arr.size:
+        if arr.size <= 32:
+            values = arr.tolist()
+            lo, hi = min(values), max(values)
+        else:
+            lo, hi = int(arr.min()), int(arr.max())
+        if lo < 0 or hi >= num_nodes:
+            bad = lo if lo < 0 else hi
+            raise InvalidInputError(f"{field} holds node id {bad} outside [0, {num_nodes})", field)
+    return arr

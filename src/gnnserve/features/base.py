@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from gnnserve.data import layout
-from gnnserve.errors import InvalidInputError
+from gnnserve.data.validate import check_node_ids
 from gnnserve.registry import Registry
 
 
@@ -32,13 +32,7 @@ class FeatureStore(abc.ABC):
 
     def get(self, ids: np.ndarray) -> torch.Tensor:
         """Feature rows of ``ids`` as a float32 tensor [len(ids), F]."""
-        arr = np.asarray(ids)
-        if arr.ndim != 1 or (arr.size and not np.issubdtype(arr.dtype, np.integer)):
-            raise InvalidInputError("feature ids must be a 1-D integer array", "ids")
-        arr = arr.astype(np.int64, copy=False)
-        if arr.size and (arr.min() < 0 or arr.max() >= self.num_nodes):
-            raise InvalidInputError(f"feature ids outside [0, {self.num_nodes})", "ids")
-        return self._read(arr)
+        return self._read(check_node_ids(ids, self.num_nodes, "ids"))
 
 
 FEATURE_STORES: Registry[FeatureStore] = Registry("feature_store")

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from gnnserve.data import layout
-from gnnserve.errors import InvalidInputError
+from gnnserve.data.validate import check_node_ids
 from gnnserve.registry import Registry
 
 
@@ -47,18 +47,7 @@ class GraphStore(abc.ABC):
 
     def check_nodes(self, nodes: np.ndarray, field: str = "nodes") -> np.ndarray:
         """Return ``nodes`` as int64 after checking they are valid ids of this graph."""
-        arr = np.asarray(nodes)
-        if arr.ndim != 1:
-            raise InvalidInputError(f"{field} must be a 1-D list of node ids", field)
-        if arr.size and not np.issubdtype(arr.dtype, np.integer):
-            raise InvalidInputError(f"{field} must hold integer node ids, got {arr.dtype}", field)
-        arr = arr.astype(np.int64, copy=False)
-        if arr.size and (arr.min() < 0 or arr.max() >= self.num_nodes):
-            bad = int(arr.min()) if arr.min() < 0 else int(arr.max())
-            raise InvalidInputError(
-                f"{field} holds node id {bad} outside [0, {self.num_nodes})", field
-            )
-        return arr
+        return check_node_ids(nodes, self.num_nodes, field)
 
     def in_degree(self, nodes: np.ndarray | None = None) -> np.ndarray:
         """In-degree (int64) of ``nodes``, or of every node when None."""

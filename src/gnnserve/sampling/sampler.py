@@ -63,6 +63,9 @@ class NeighborSampler:
         self.seed = int(seed)
         self.parallel_threshold = int(parallel_threshold)
         self.cost = cost  # PSGS per node (sampling.metrics.psgs), or None: use a fanout bound
+        self._fanout_array = np.asarray(self.fanouts, dtype=np.int64)
+        widths = np.cumprod([f if f > 0 else 1000 for f in self.fanouts])  # full hop: ~1000
+        self._size_bound_per_seed = float(widths.sum())
         self._scratch: queue.SimpleQueue[np.ndarray] = queue.SimpleQueue()
         self._calls = 0
         self._lock = threading.Lock()
@@ -71,7 +74,8 @@ class NeighborSampler:
         try:
             return self._scratch.get_nowait()
         except queue.Empty:
-            return np.full(self.graph.num_nodes, -1, dtype=np.int64)
+            n = self.graph.num_nodes  # int32 map when ids fit: half the cache footprint
+            return np.full(n, -1, dtype=np.int32 if n < 2**31 else np.int64)
 
     def _next_seed(self) -> np.uint64:
         with self._lock:
@@ -106,24 +110,19 @@ class NeighborSampler:
         """
         if self.cost is not None:
             return float(self.cost[seeds].sum())
-        bound, width = 0, 1
-        for f in self.fanouts:
-            width *= f if f > 0 else 1000  # full hops: assume a large degree
-            bound += width
-        return float(seeds.size * bound)
+        return seeds.size * self._size_bound_per_seed
 
     def _sample_inline(
         self, seeds: np.ndarray, key: np.uint64, local_id: np.ndarray
     ) -> SampledSubgraph:
         """Latency path: one serial numba call builds every hop."""
         indptr, indices = self.graph.csr()
-        fanouts = np.asarray(self.fanouts, dtype=np.int64)
-        nodes, seed_rows, num_seeds, edges, hop_off, sizes = kernels.sample_inline(
-            indptr, indices, seeds, fanouts, key, local_id
+        nodes, seed_rows, num_seeds, edges, hop_off, layer_sizes = kernels.sample_inline(
+            indptr, indices, seeds, self._fanout_array, key, local_id
         )
-        edge_tensor = torch.from_numpy(edges)
+        sizes = layer_sizes.tolist()
         blocks = [
-            Block(edge_tensor[:, hop_off[h] : hop_off[h + 1]], int(sizes[h + 1]), int(sizes[h]))
+            Block(torch.from_numpy(edges[:, hop_off[h] : hop_off[h + 1]]), sizes[h + 1], sizes[h])
             for h in range(len(self.fanouts) - 1, -1, -1)
         ]
         return SampledSubgraph(nodes, blocks, int(num_seeds), seed_rows)
