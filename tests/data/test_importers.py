@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from gnnserve.data import importers, layout, prepare
+from gnnserve.data import edgelist, importers, layout, prepare
 from gnnserve.data.writer import write_store
 from gnnserve.errors import InvalidInputError
 
@@ -160,7 +160,7 @@ def test_csv_with_header_from_raw_facebook(tmp_path: Path) -> None:
     n = int(npz["num_nodes"])
     np.save(tmp_path / "x.npy", np.random.default_rng(0).standard_normal((n, 8)))
     np.save(tmp_path / "y.npy", npz["y"])
-    g = importers.load_edge_list(csv, tmp_path / "x.npy", tmp_path / "y.npy")
+    g = edgelist.load_edge_list(csv, tmp_path / "x.npy", tmp_path / "y.npy")
     assert g.num_nodes == n and g.edge_index.shape == (2, 171_002)
     keys = set((npz["edge_index"][0] * n + npz["edge_index"][1]).tolist())
     loops = g.edge_index[0] == g.edge_index[1]
@@ -173,16 +173,16 @@ def test_csv_with_header_from_raw_facebook(tmp_path: Path) -> None:
 
 
 def test_snap_whitespace_edge_list_matches_npz() -> None:
-    edges = importers.read_edge_csv(dataset("raw/snap/wiki-Vote.txt"), delimiter=None)
+    edges = edgelist.read_edge_csv(dataset("raw/snap/wiki-Vote.txt"), delimiter=None)
     np.testing.assert_array_equal(edges, np.load(dataset("wiki_vote.npz"))["edge_index"])
 
 
 def test_csv_header_is_optional(tmp_path: Path) -> None:
     (tmp_path / "a.csv").write_text("src,dst\n0,1\n1,2\n")
     (tmp_path / "b.csv").write_text("# comment\n0,1\n\n1,2\n")
-    a = importers.read_edge_csv(tmp_path / "a.csv")
+    a = edgelist.read_edge_csv(tmp_path / "a.csv")
     np.testing.assert_array_equal(a, [[0, 1], [1, 2]])
-    np.testing.assert_array_equal(importers.read_edge_csv(tmp_path / "b.csv"), a)
+    np.testing.assert_array_equal(edgelist.read_edge_csv(tmp_path / "b.csv"), a)
 
 
 @pytest.mark.parametrize(
@@ -192,7 +192,7 @@ def test_csv_header_is_optional(tmp_path: Path) -> None:
 def test_csv_bad_row_names_its_line(tmp_path: Path, text: str, line: int) -> None:
     (tmp_path / "e.csv").write_text(text)
     with pytest.raises(InvalidInputError, match=f"line {line}:") as info:
-        importers.read_edge_csv(tmp_path / "e.csv")
+        edgelist.read_edge_csv(tmp_path / "e.csv")
     assert info.value.field == "edges"
 
 
@@ -200,20 +200,20 @@ def test_csv_missing_and_mismatched_files(tmp_path: Path) -> None:
     (tmp_path / "e.csv").write_text("0,1\n1,5\n")
     np.save(tmp_path / "x.npy", np.ones((3, 2), dtype=np.float32))
     with pytest.raises(InvalidInputError) as info:
-        importers.load_edge_list(tmp_path / "nope.csv", tmp_path / "x.npy")
+        edgelist.load_edge_list(tmp_path / "nope.csv", tmp_path / "x.npy")
     assert info.value.field == "edges"
     with pytest.raises(InvalidInputError) as info:
-        importers.load_edge_list(tmp_path / "e.csv", tmp_path / "nope.npy")
+        edgelist.load_edge_list(tmp_path / "e.csv", tmp_path / "nope.npy")
     assert info.value.field == "x"
     (tmp_path / "empty.csv").write_text("# nothing\n")
     with pytest.raises(InvalidInputError, match="no edges"):
-        importers.read_edge_csv(tmp_path / "empty.csv")
-    g = importers.load_edge_list(tmp_path / "e.csv", tmp_path / "x.npy")  # id 5 >= N = 3
+        edgelist.read_edge_csv(tmp_path / "empty.csv")
+    g = edgelist.load_edge_list(tmp_path / "e.csv", tmp_path / "x.npy")  # id 5 >= N = 3
     with pytest.raises(InvalidInputError) as info:
         write_store(g, tmp_path / "s")
     assert info.value.field == "edge_index"
     np.save(tmp_path / "y.npy", np.zeros(2, dtype=np.int64))
-    g = importers.load_edge_list(tmp_path / "e.csv", tmp_path / "x.npy", tmp_path / "y.npy")
+    g = edgelist.load_edge_list(tmp_path / "e.csv", tmp_path / "x.npy", tmp_path / "y.npy")
     with pytest.raises(InvalidInputError) as info:
         write_store(g, tmp_path / "s2")
     assert info.value.field in ("edge_index", "y")

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from gnnserve.data import generators, importers
+from gnnserve.data import edgelist, generators, importers
 from gnnserve.data.layout import StoreMeta
 from gnnserve.data.writer import GraphData, write_store
 from gnnserve.errors import InvalidInputError, StoreFormatError
@@ -93,7 +93,7 @@ def _pyg(args: argparse.Namespace) -> GraphData:
 
 
 def _csv(args: argparse.Namespace) -> GraphData:
-    return importers.load_edge_list(
+    return edgelist.load_edge_list(
         args.edges,
         args.features,
         args.labels,

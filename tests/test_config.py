@@ -1,0 +1,48 @@
+"""ServeConfig: YAML plus dotted overrides, and clear errors for bad values or unknown keys."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gnnserve.config import ServeConfig
+from gnnserve.errors import InvalidInputError
+
+
+def test_yaml_then_overrides(tmp_path: Path) -> None:
+    path = tmp_path / "serve.yaml"
+    path.write_text(
+        "sampler:\n  fanouts: [10, 5]\nbatcher:\n  max_wait_ms: 2\nserver:\n  port: 9000\n"
+    )
+    config = ServeConfig.load(path, **{"server.port": 9100, "store.path": "s", "model_path": None})
+    assert config.sampler.fanouts == [10, 5]
+    assert config.batcher.max_wait_ms == 2.0
+    assert config.server.port == 9100
+    assert config.store.path == "s"
+    assert config.model_path == ""  # None overrides are ignored
+
+
+@pytest.mark.parametrize(
+    ("text", "field"),
+    [
+        ("sampler:\n  fanouts: [0]\n", "sampler.fanouts"),
+        ("batcher:\n  max_batch_nodes: -1\n", "batcher.max_batch_nodes"),
+        ("server:\n  prot: 1\n", "server.prot"),
+        ("admission:\n  timeout_s: soon\n", "admission.timeout_s"),
+    ],
+)
+def test_bad_config_names_the_field(tmp_path: Path, text: str, field: str) -> None:
+    path = tmp_path / "serve.yaml"
+    path.write_text(text)
+    with pytest.raises(InvalidInputError) as info:
+        ServeConfig.load(path)
+    assert info.value.field == field
+
+
+def test_unreadable_yaml(tmp_path: Path) -> None:
+    (tmp_path / "bad.yaml").write_text("sampler: [unclosed\n")
+    with pytest.raises(InvalidInputError, match="cannot read config"):
+        ServeConfig.load(tmp_path / "bad.yaml")
+    with pytest.raises(InvalidInputError, match="cannot read config"):
+        ServeConfig.load(tmp_path / "missing.yaml")
