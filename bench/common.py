@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -82,3 +83,18 @@ def require_baseline() -> None:
         sys.exit(
             "baseline needs torch-sparse: pip install ../shared/wheels/*.whl (make bench does)"
         )
+
+
+def parse_args(doc: str | None, quick_help: str) -> argparse.Namespace:
+    """The flags every benchmark takes (``--quick``), then a check that the PyG baseline runs."""
+    parser = argparse.ArgumentParser(description=(doc or "").splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help=quick_help)
+    args = parser.parse_args()
+    require_baseline()
+    return args
+
+
+def save_figure(fig: Any, path: Path) -> None:
+    """Lay out and write a matplotlib figure as PNG."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)

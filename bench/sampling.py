@@ -11,7 +11,6 @@ blocks *and* the gathered input features. Median per-batch time, speedup = PyG /
 
 from __future__ import annotations
 
-import argparse
 import sys
 import tempfile
 import time
@@ -23,7 +22,7 @@ import torch
 import gnnserve  # noqa: F401  (first: sets the OpenMP wait policy before torch loads it)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import DATASETS, Targets, require_baseline, time_calls, write_results  # noqa: E402
+from common import DATASETS, Targets, parse_args, save_figure, time_calls, write_results  # noqa: E402
 from gnnserve.data.generators import rmat  # noqa: E402
 from gnnserve.data.writer import GraphData, write_store  # noqa: E402
 from gnnserve.features import open_feature_store  # noqa: E402
@@ -138,15 +137,11 @@ def plot(results: dict[str, list[dict[str, float]]], path: Path) -> None:
             ylabel="median ms per batch",
         )
         ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="smoke run: small R-MAT, few batches")
-    args = parser.parse_args()
-    require_baseline()
+    args = parse_args(__doc__, "smoke run: small R-MAT, few batches")
     torch.set_num_threads(2)
     results = {}
     with tempfile.TemporaryDirectory() as tmp:

@@ -12,7 +12,6 @@ throughput whose p99 <= 30 ms, and both servers' p99 at a load both sustain.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import os
 import subprocess
@@ -26,7 +25,7 @@ import numpy as np
 import gnnserve  # noqa: F401  (first: sets the OpenMP wait policy)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import DATASETS, Targets, require_baseline, write_results  # noqa: E402
+from common import DATASETS, Targets, parse_args, save_figure, write_results  # noqa: E402
 from gnnserve import loadgen  # noqa: E402
 from gnnserve.data.writer import GraphData, write_store  # noqa: E402
 from gnnserve.demo import free_port, start_server, stop_server, wait_ready  # noqa: E402
@@ -154,15 +153,11 @@ def plot(results: dict[str, list[dict[str, float]]], path: Path) -> None:
         title="single-node requests, GraphSAGE 2x256, fanouts [25, 10]",
     )
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="smoke run: short steps")
-    args = parser.parse_args()
-    require_baseline()
+    args = parse_args(__doc__, "smoke run: short steps")
     duration = 2.0 if args.quick else 6.0
     with tempfile.TemporaryDirectory() as tmp:
         store, ckpt, n = prepare(Path(tmp))
