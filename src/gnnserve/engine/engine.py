@@ -10,7 +10,6 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future
 
-import numpy as np
 import torch
 
 from gnnserve.config import ServeConfig
@@ -48,8 +47,6 @@ class Engine:
         self.psgs = psgs(graph, s.fanouts)  # expected sampled nodes per seed, O(k|E|) once
         self.sampler = NeighborSampler(graph, s.fanouts, s.seed, s.parallel_threshold, self.psgs)
         self.admission = Admission(graph, self.config.admission)
-        # full-graph degrees for GCN normalisation (gcn_norm counts no self loops)
-        self._in_degree = torch.from_numpy(graph.in_degree_without_self_loops().astype(np.float32))
         self._inbox: queue.Queue[object] = queue.Queue()
         self.batcher = Batcher(self.config.batcher, self._inbox, self.sampler.expected_size)
         self.observers: list[Callable[[Batch], None]] = []  # called after each finished batch
@@ -150,7 +147,7 @@ class Engine:
         assert batch.subgraph is not None
         ids = batch.subgraph.input_nodes
         x = self.features.get(ids)
-        in_degree = self._in_degree.index_select(0, torch.from_numpy(ids))
+        in_degree = torch.from_numpy(self.graph.gcn_degree(ids))  # full-graph, for GCN
         batch.minibatch = MiniBatch(batch.subgraph, x, in_degree)
 
     def _compute(self, batch: Batch) -> None:

@@ -1,4 +1,4 @@
-"""GraphStore ABC: read access to a graph's in-neighbour CSR, validated at the public boundary."""
+"""GraphStore ABC: read access to a graph's in-neighbour lists, validated at the public boundary."""
 
 from __future__ import annotations
 
@@ -13,10 +13,12 @@ from gnnserve.registry import Registry
 
 
 class GraphStore(abc.ABC):
-    """Topology of a graph as CSR over in-neighbours.
+    """Topology of a graph as in-neighbour lists.
 
-    Subclasses implement ``_csr``; the public methods check node ids and never return views
-    callers could write through.
+    Node v's in-neighbours are ``indices[row_start[v] : row_start[v] + degree[v]]`` of
+    ``adjacency()``: a static CSR and a dynamic store with slack share that view, so every kernel
+    reads both. Subclasses implement ``_adjacency``; public methods check node ids.
+    Readers of a mutable store bracket their reads with ``acquire_read``/``release_read``.
     """
 
     def __init__(self, meta: layout.StoreMeta) -> None:
@@ -38,12 +40,28 @@ class GraphStore(abc.ABC):
         return self.meta.checksum
 
     @abc.abstractmethod
-    def _csr(self) -> tuple[np.ndarray, np.ndarray]:
-        """(indptr int64 [N+1], indices int32/int64 [E]) arrays, read-only."""
+    def _adjacency(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(row_start int64 [>=N], degree int64 [>=N], indices [>=E]) arrays, read-only."""
+
+    def adjacency(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The raw (row_start, degree, indices) arrays, for kernels."""
+        return self._adjacency()
 
     def csr(self) -> tuple[np.ndarray, np.ndarray]:
-        """The raw CSR arrays, for kernels (numba reads memory-mapped arrays directly)."""
-        return self._csr()
+        """A compact CSR (indptr int64 [N+1], indices [E]) of the current graph."""
+        row_start, degree, indices = self._adjacency()
+        n = self.num_nodes
+        indptr = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(degree[:n], out=indptr[1:])
+        starts = np.repeat(row_start[:n] - indptr[:-1], degree[:n])
+        return indptr, np.asarray(indices)[starts + np.arange(indptr[-1])]
+
+    def acquire_read(self) -> str:
+        """Pin the current version for a reader; returns it. A no-op on immutable stores."""
+        return self.version
+
+    def release_read(self) -> None:  # noqa: B027 - deliberately a no-op for immutable stores
+        """End a read started with ``acquire_read``."""
 
     def check_nodes(self, nodes: np.ndarray, field: str = "nodes") -> np.ndarray:
         """Return ``nodes`` as int64 after checking they are valid ids of this graph."""
@@ -51,26 +69,31 @@ class GraphStore(abc.ABC):
 
     def in_degree(self, nodes: np.ndarray | None = None) -> np.ndarray:
         """In-degree (int64) of ``nodes``, or of every node when None."""
-        indptr, _ = self._csr()
+        degree = self._adjacency()[1]
         if nodes is None:
-            return np.diff(indptr)
-        ids = self.check_nodes(nodes)
-        return indptr[ids + 1] - indptr[ids]
+            return np.array(degree[: self.num_nodes], dtype=np.int64)
+        return np.asarray(degree[self.check_nodes(nodes)], dtype=np.int64)
 
     def in_degree_without_self_loops(self) -> np.ndarray:
         """In-degree (int64) of every node, self loops not counted (GCN normalisation uses it)."""
-        indptr, indices = self._csr()
+        indptr, indices = self.csr()
         deg = np.diff(indptr)
         dst = np.repeat(np.arange(self.num_nodes, dtype=np.int64), deg)
         loops = np.bincount(dst[np.asarray(indices) == dst], minlength=self.num_nodes)
         return deg - loops
 
+    def gcn_degree(self, ids: np.ndarray) -> np.ndarray:
+        """In-degree without self loops of valid ``ids``, float32 (GCN normalisation)."""
+        if not hasattr(self, "_gcn_degree"):
+            self._gcn_degree = self.in_degree_without_self_loops().astype(np.float32)
+        return self._gcn_degree[ids]
+
     def neighbors(self, node: int) -> np.ndarray:
         """In-neighbours of one node (a copy, int64)."""
-        ids = self.check_nodes(np.array([node]), "node")
-        indptr, indices = self._csr()
-        v = int(ids[0])
-        return np.array(indices[indptr[v] : indptr[v + 1]], dtype=np.int64)
+        v = int(self.check_nodes(np.array([node]), "node")[0])
+        row_start, degree, indices = self._adjacency()
+        lo = int(row_start[v])
+        return np.array(indices[lo : lo + int(degree[v])], dtype=np.int64)
 
 
 GRAPH_STORES: Registry[GraphStore] = Registry("graph_store")

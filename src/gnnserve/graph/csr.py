@@ -22,8 +22,15 @@ class _FileCSR(GraphStore):
         self._indices = layout.open_array(
             store_dir, layout.INDICES, meta.indices_dtype, (e,), self.use_mmap
         )
+        self._row_start = self._indptr[:-1]
+        self._degree = np.diff(self._indptr)
+        self._degree.setflags(write=False)
 
-    def _csr(self) -> tuple[np.ndarray, np.ndarray]:
+    def _adjacency(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        return self._row_start, self._degree, self._indices
+
+    def csr(self) -> tuple[np.ndarray, np.ndarray]:
+        """The stored CSR arrays themselves (no copy)."""
         return self._indptr, self._indices
 
 

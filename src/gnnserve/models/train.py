@@ -90,7 +90,7 @@ def _open(store_dir: str | Path, config: ModelConfig, fanouts: list[int], seed: 
     return _Data(
         sampler=NeighborSampler(graph, fanouts, seed=seed),
         features=open_feature_store(store_dir),
-        in_degree=torch.from_numpy(graph.in_degree().astype(np.float32)),
+        in_degree=torch.from_numpy(graph.in_degree_without_self_loops().astype(np.float32)),
         labels=torch.from_numpy(labels.astype(np.int64)),
         splits=splits,
         checksum=graph.version,

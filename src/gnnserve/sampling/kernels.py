@@ -1,5 +1,9 @@
 """numba kernels of k-hop uniform neighbour sampling without replacement.
 
+The adjacency is read as (row_start, degree, indices): node v's in-neighbours are
+``indices[row_start[v] : row_start[v] + degree[v]]``, which covers a static CSR and the dynamic
+store's segments with slack alike.
+
 Randomness is counter-based (splitmix64 of seed, hop and node id), so a sample depends only on
 its seed and never on thread scheduling: the parallel and serial kernels give identical results.
 """
@@ -28,22 +32,22 @@ def row_key(seed: np.uint64, hop: int, node: int) -> np.uint64:
 
 
 @numba.njit(nogil=True, cache=True)
-def hop_counts(indptr: np.ndarray, frontier: np.ndarray, fanout: int) -> np.ndarray:
+def hop_counts(degree: np.ndarray, frontier: np.ndarray, fanout: int) -> np.ndarray:
     """Number of neighbours each frontier node draws: min(degree, fanout), all when fanout < 0."""
     counts = np.empty(frontier.shape[0] + 1, dtype=np.int64)
     counts[0] = 0
     for i in range(frontier.shape[0]):
         v = frontier[i]
-        deg = indptr[v + 1] - indptr[v]
+        deg = degree[v]
         counts[i + 1] = deg if fanout < 0 or deg <= fanout else fanout
     return np.cumsum(counts)
 
 
 @numba.njit(inline="always")
-def _draw_row(indptr, indices, v, k, key, edges, start, dst_local):  # type: ignore[no-untyped-def]
+def _draw_row(row_start, degree, indices, v, k, key, edges, start, dst_local):  # type: ignore[no-untyped-def]
     """Write k distinct uniform neighbours of v into edges[:, start:start+k] (Floyd's algorithm)."""
-    lo = indptr[v]
-    deg = indptr[v + 1] - lo
+    lo = row_start[v]
+    deg = degree[v]
     if k == deg:
         for j in range(k):
             edges[0, start + j] = indices[lo + j]
@@ -64,23 +68,23 @@ def _draw_row(indptr, indices, v, k, key, edges, start, dst_local):  # type: ign
 
 
 @numba.njit(nogil=True, cache=True)
-def draw_serial(indptr, indices, frontier, offsets, seed, hop, edges):  # type: ignore[no-untyped-def]
+def draw_serial(row_start, degree, indices, frontier, offsets, seed, hop, edges):  # type: ignore[no-untyped-def]
     """Fill ``edges`` [2, offsets[-1]] with (global source, local destination) per frontier node."""
     for i in range(frontier.shape[0]):
         k = offsets[i + 1] - offsets[i]
         if k:
             key = row_key(seed, hop, frontier[i])
-            _draw_row(indptr, indices, frontier[i], k, key, edges, offsets[i], i)
+            _draw_row(row_start, degree, indices, frontier[i], k, key, edges, offsets[i], i)
 
 
 @numba.njit(nogil=True, parallel=True, cache=True)
-def draw_parallel(indptr, indices, frontier, offsets, seed, hop, edges):  # type: ignore[no-untyped-def]
+def draw_parallel(row_start, degree, indices, frontier, offsets, seed, hop, edges):  # type: ignore[no-untyped-def]
     """``draw_serial`` with frontier nodes spread over threads: identical output."""
     for i in numba.prange(frontier.shape[0]):
         k = offsets[i + 1] - offsets[i]
         if k:
             key = row_key(seed, hop, frontier[i])
-            _draw_row(indptr, indices, frontier[i], k, key, edges, offsets[i], i)
+            _draw_row(row_start, degree, indices, frontier[i], k, key, edges, offsets[i], i)
 
 
 @numba.njit(nogil=True, cache=True)
@@ -125,7 +129,7 @@ def reset_map(local_id: np.ndarray, nodes: np.ndarray, n_nodes: int) -> None:
 
 
 @numba.njit(nogil=True, cache=True)
-def sample_inline(indptr, indices, seeds, fanouts, seed, local_id):  # type: ignore[no-untyped-def]
+def sample_inline(row_start, degree, indices, seeds, fanouts, seed, local_id):  # type: ignore[no-untyped-def]
     """Whole k-hop sample in one serial call: the low-latency path for small batches.
 
     Returns (nodes, seed_rows, num_seeds, edges [2, E_total] with local ids, hop_offsets
@@ -142,7 +146,7 @@ def sample_inline(indptr, indices, seeds, fanouts, seed, local_id):  # type: ign
     edges = np.empty((2, 256), dtype=np.int64)
     for hop in range(hops):
         frontier = nodes[:n_nodes].copy()
-        offsets = hop_counts(indptr, frontier, fanouts[hop])
+        offsets = hop_counts(degree, frontier, fanouts[hop])
         start = hop_offsets[hop]
         need = start + offsets[-1]
         if need > edges.shape[1]:
@@ -154,7 +158,7 @@ def sample_inline(indptr, indices, seeds, fanouts, seed, local_id):  # type: ign
             bigger[:n_nodes] = nodes[:n_nodes]
             nodes = bigger
         view = edges[:, start:need]
-        draw_serial(indptr, indices, frontier, offsets, seed, hop, view)
+        draw_serial(row_start, degree, indices, frontier, offsets, seed, hop, view)
         n_nodes = relabel(view, nodes, n_nodes, local_id)
         hop_offsets[hop + 1] = need
         layer_sizes[hop + 1] = n_nodes

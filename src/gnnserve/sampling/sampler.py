@@ -71,11 +71,15 @@ class NeighborSampler:
         self._lock = threading.Lock()
 
     def _borrow_map(self) -> np.ndarray:
-        try:
-            return self._scratch.get_nowait()
-        except queue.Empty:
-            n = self.graph.num_nodes  # int32 map when ids fit: half the cache footprint
-            return np.full(n, -1, dtype=np.int32 if n < 2**31 else np.int64)
+        n = self.graph.num_nodes  # grows on a dynamic graph: maps too small are dropped
+        while True:
+            try:
+                local_id = self._scratch.get_nowait()
+            except queue.Empty:
+                size = n + n // 4  # headroom for node inserts
+                return np.full(size, -1, dtype=np.int32 if size < 2**31 else np.int64)
+            if local_id.size >= n:
+                return local_id
 
     def _next_seed(self) -> np.uint64:
         with self._lock:
@@ -116,9 +120,9 @@ class NeighborSampler:
         self, seeds: np.ndarray, key: np.uint64, local_id: np.ndarray
     ) -> SampledSubgraph:
         """Latency path: one serial numba call builds every hop."""
-        indptr, indices = self.graph.csr()
+        row_start, degree, indices = self.graph.adjacency()
         nodes, seed_rows, num_seeds, edges, hop_off, layer_sizes = kernels.sample_inline(
-            indptr, indices, seeds, self._fanout_array, key, local_id
+            row_start, degree, indices, seeds, self._fanout_array, key, local_id
         )
         sizes = layer_sizes.tolist()
         blocks = [
@@ -131,7 +135,7 @@ class NeighborSampler:
         self, seeds: np.ndarray, key: np.uint64, local_id: np.ndarray
     ) -> SampledSubgraph:
         """Throughput path: hop by hop, large hops drawn by the parallel kernel."""
-        indptr, indices = self.graph.csr()
+        row_start, degree, indices = self.graph.adjacency()
         nodes = np.empty(seeds.size, dtype=np.int64)
         n_nodes = 0
         try:
@@ -140,7 +144,7 @@ class NeighborSampler:
             blocks: list[Block] = []
             for hop, fanout in enumerate(self.fanouts):
                 frontier = nodes[:n_nodes]
-                offsets = kernels.hop_counts(indptr, frontier, fanout)
+                offsets = kernels.hop_counts(degree, frontier, fanout)
                 total = int(offsets[-1])
                 edges = np.empty((2, total), dtype=np.int64)
                 draw = (
@@ -148,7 +152,7 @@ class NeighborSampler:
                     if total >= self.parallel_threshold
                     else kernels.draw_serial
                 )
-                draw(indptr, indices, frontier, offsets, key, hop, edges)
+                draw(row_start, degree, indices, frontier, offsets, key, hop, edges)
                 if nodes.size < n_nodes + total:
                     nodes = np.concatenate(
                         [nodes, np.empty(n_nodes + total - nodes.size, np.int64)]
