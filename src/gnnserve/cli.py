@@ -28,6 +28,12 @@ def _serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-queue", type=int, default=None, help="in-flight requests before 429")
     p.add_argument("--max-nodes", type=int, default=None, help="nodes per request before 413")
     p.add_argument("--torch-threads", type=int, default=None, help="torch threads (default 1)")
+    p.add_argument(
+        "--update-log",
+        default=None,
+        help="accept graph updates, logged here (replayed at start-up if it exists)",
+    )
+    p.add_argument("--fsync", choices=["always", "never"], default=None, help="update log fsync")
 
 
 def run_serve(args: argparse.Namespace) -> int:
@@ -55,6 +61,8 @@ def run_serve(args: argparse.Namespace) -> int:
             "admission.max_queue_requests": args.max_queue,
             "admission.max_nodes_per_request": args.max_nodes,
             "compute.torch_threads": args.torch_threads,
+            "store.update_log": args.update_log,
+            "store.fsync": args.fsync,
         },
     )
     engine = build_engine(config)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -22,6 +22,8 @@ class StoreConfig(_Strict):
     graph_backend: str = "memory"  # GRAPH_STORES name: memory | mmap
     feature_backend: str = "memory"  # FEATURE_STORES name: memory | mmap
     verify_checksum: bool = False  # recompute the content checksum at start-up (slow on big stores)
+    update_log: str = ""  # append-only log of graph updates; set = mutable store, replayed at start
+    fsync: Literal["always", "never"] = "always"  # log durability: power loss | process crash
 
 
 class SamplerConfig(_Strict):

@@ -73,3 +73,10 @@ class StoreFormatError(GnnServeError, ValueError):
 
     http_status = 500
     kind = "store_format"
+
+
+class ReadOnlyStoreError(GnnServeError):
+    """Updates were sent to a server whose store is immutable (started without an update log)."""
+
+    http_status = 409
+    kind = "read_only_store"

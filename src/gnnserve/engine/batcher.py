@@ -24,6 +24,7 @@ class Batch:
     tickets: list[Ticket]  # the requests, in arrival order
     seeds: np.ndarray  # int64: the tickets' node ids concatenated (duplicates kept)
     formed_s: float  # perf_counter() when the batch closed
+    graph_version: str = ""  # version the batch reads, pinned from sampling until fetched
     subgraph: SampledSubgraph | None = None  # set by the sample stage
     minibatch: MiniBatch | None = None  # set by the fetch stage
     stage_ms: dict[str, float] = field(default_factory=dict)  # per-stage wall time, ms

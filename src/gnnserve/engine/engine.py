@@ -16,8 +16,10 @@ from gnnserve.config import ServeConfig
 from gnnserve.engine.admission import Admission
 from gnnserve.engine.batcher import STOP, Batch, Batcher
 from gnnserve.engine.pipeline import Stage, fail_batch
+from gnnserve.errors import ReadOnlyStoreError
 from gnnserve.features.base import FeatureStore
 from gnnserve.graph.base import GraphStore
+from gnnserve.graph.dynamic_store import DynamicStore, UpdateResult
 from gnnserve.models.runner import ModelRunner
 from gnnserve.sampling.metrics import psgs
 from gnnserve.sampling.sampler import NeighborSampler
@@ -38,13 +40,16 @@ class Engine:
         features: FeatureStore,
         runner: ModelRunner,
         config: ServeConfig | None = None,
+        updates: DynamicStore | None = None,
     ) -> None:
         self.config = config or ServeConfig()
+        self.updates = updates  # the mutable store behind graph/features, when there is one
         self.graph = graph
         self.features = features
         self.runner = runner
         s = self.config.sampler
-        self.psgs = psgs(graph, s.fanouts)  # expected sampled nodes per seed, O(k|E|) once
+        # expected sampled nodes per seed, O(k|E|) once; a changing graph uses a fanout bound
+        self.psgs = None if graph.mutable else psgs(graph, s.fanouts)
         self.sampler = NeighborSampler(graph, s.fanouts, s.seed, s.parallel_threshold, self.psgs)
         self.admission = Admission(graph, self.config.admission)
         self._inbox: queue.Queue[object] = queue.Queue()
@@ -85,6 +90,8 @@ class Engine:
         for t in self._threads:
             t.join(timeout_s)
         self._started = False
+        if self.updates is not None:
+            self.updates.close()
 
     @property
     def started(self) -> bool:
@@ -116,6 +123,12 @@ class Engine:
         """Awaitable prediction, for asyncio servers."""
         return await asyncio.wrap_future(self.submit(nodes, output))
 
+    def apply_updates(self, ops: object) -> UpdateResult:
+        """Apply a batch of graph updates (durable before it returns); see graph.updates."""
+        if self.updates is None:
+            raise ReadOnlyStoreError("this store is read-only: serve it with an update log", "ops")
+        return self.updates.apply(ops)
+
     @property
     def queue_depth(self) -> int:
         """Requests admitted and not yet answered."""
@@ -130,9 +143,11 @@ class Engine:
             if batch is None:
                 break
             start = time.perf_counter()
+            batch.graph_version = self.graph.acquire_read()  # released once features are read
             try:
                 batch.subgraph = self.sampler.sample(batch.seeds)
             except BaseException as exc:  # noqa: BLE001 - reported per request
+                self.graph.release_read()
                 fail_batch(batch, exc)
                 self._slots.release()
                 continue
@@ -145,9 +160,12 @@ class Engine:
 
     def _fetch(self, batch: Batch) -> None:
         assert batch.subgraph is not None
-        ids = batch.subgraph.input_nodes
-        x = self.features.get(ids)
-        in_degree = torch.from_numpy(self.graph.gcn_degree(ids))  # full-graph, for GCN
+        try:
+            ids = batch.subgraph.input_nodes
+            x = self.features.get(ids)
+            in_degree = torch.from_numpy(self.graph.gcn_degree(ids))  # full-graph, for GCN
+        finally:
+            self.graph.release_read()
         batch.minibatch = MiniBatch(batch.subgraph, x, in_degree)
 
     def _compute(self, batch: Batch) -> None:
@@ -183,7 +201,7 @@ class Engine:
                 req.output,
                 values,
                 self.runner.version,
-                self.graph.version,
+                batch.graph_version,
                 timings,
             )
             if not ticket.future.done():

@@ -10,6 +10,7 @@ from gnnserve.engine.engine import Engine
 from gnnserve.errors import InvalidInputError
 from gnnserve.features import open_feature_store
 from gnnserve.graph import open_graph_store
+from gnnserve.graph.dynamic_store import DynamicStore
 from gnnserve.models.checkpoint import load_checkpoint
 from gnnserve.models.runner import ModelRunner
 
@@ -35,4 +36,8 @@ def build_engine(config: ServeConfig) -> Engine:
     trained_on = ckpt.meta.get("store_checksum")
     if trained_on and trained_on != graph.version:
         log.warning("model was trained on store %s, serving store %s", trained_on, graph.version)
-    return Engine(graph, features, ModelRunner(ckpt.model, ckpt.version), config)
+    runner = ModelRunner(ckpt.model, ckpt.version)
+    if not config.store.update_log:
+        return Engine(graph, features, runner, config)
+    store = DynamicStore(graph, features, config.store.update_log, config.store.fsync)
+    return Engine(store.graph, store.features, runner, config, updates=store)

@@ -34,6 +34,8 @@ class GraphStore(abc.ABC):
         """Number of directed edges stored."""
         return self.meta.num_edges
 
+    mutable = False  # True for stores whose content changes while served
+
     @property
     def version(self) -> str:
         """Identity of the graph content (the store checksum)."""

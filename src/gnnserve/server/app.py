@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import gc
 import time
 from collections.abc import AsyncIterator
@@ -18,11 +20,17 @@ from gnnserve.engine.engine import Engine
 from gnnserve.errors import GnnServeError, InvalidInputError, UnknownModelError
 from gnnserve.server import oip
 from gnnserve.server.metrics import ServerMetrics
-from gnnserve.server.schemas import ErrorResponse, PredictRequest, PredictResponse
+from gnnserve.server.schemas import (
+    ErrorResponse,
+    PredictRequest,
+    PredictResponse,
+    UpdatesRequest,
+    UpdatesResponse,
+)
 from gnnserve.types import InferenceResult
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
-    code: {"model": ErrorResponse} for code in (400, 404, 413, 429, 503, 504)
+    code: {"model": ErrorResponse} for code in (400, 404, 409, 413, 429, 503, 504)
 }
 
 
@@ -104,6 +112,23 @@ def create_app(engine: Engine, model_name: str = "default") -> FastAPI:
         metrics.requests.labels("predict").inc()
         metrics.request_latency.labels("predict").observe(time.perf_counter() - start)
         return JSONResponse(result_json(model_name, result))
+
+    @app.post("/v1/graph/updates", response_model=UpdatesResponse, responses=_ERRORS)
+    async def updates(body: UpdatesRequest) -> JSONResponse:
+        """Apply graph updates; acknowledged once durable in the update log."""
+        result = await asyncio.to_thread(engine.apply_updates, body.ops)
+        metrics.requests.labels("updates").inc()
+        return JSONResponse(dataclasses.asdict(result))
+
+    @app.get("/v1/graph/neighbors/{node}", responses=_ERRORS)
+    async def neighbors(node: int) -> dict[str, Any]:
+        """In-neighbours of ``node`` at the current graph version (sources of edges into it)."""
+        version = engine.graph.acquire_read()
+        try:
+            ids = engine.graph.neighbors(node).tolist()
+        finally:
+            engine.graph.release_read()
+        return {"node": node, "graph_version": version, "in_neighbors": ids}
 
     @app.get("/metrics", include_in_schema=False)
     async def prometheus() -> Response:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 
@@ -98,3 +98,24 @@ class InferResponse(BaseModel):
     model_version: str
     id: str | None = None
     outputs: list[OutputTensor]
+
+
+class UpdatesRequest(BaseModel):
+    """POST /v1/graph/updates body: operations applied in order, all or nothing."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    ops: list[dict[str, Any]] = Field(
+        ...,
+        description="add_edge {src,dst} | delete_edge {src,dst} | add_node {features} | "
+        "upsert_features {node,features}",
+    )
+
+
+class UpdatesResponse(BaseModel):
+    """POST /v1/graph/updates answer."""
+
+    graph_version: str
+    seq: int
+    new_nodes: list[int]
+    applied: int

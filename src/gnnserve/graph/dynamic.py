@@ -1,0 +1,181 @@
+"""DynamicGraph: a mutable adjacency in segments with slack, readable by the sampling kernels.
+
+Node v's in-neighbours live in ``cols[start[v] : start[v] + degree[v]]`` with room for
+``capacity[v]``. An insert into a full segment moves it to the end of ``cols`` with doubled
+capacity (amortised O(1)); a delete swaps the last neighbour into the hole. Moves leave holes;
+``compacted`` builds a fresh copy with modest slack, which the store swaps in while readers keep
+using the old arrays. Mutation is not thread-safe on its own: ``DynamicStore`` serialises writers
+and excludes readers while it applies a batch.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+from gnnserve.graph.base import GraphStore
+
+
+@numba.njit(nogil=True, cache=True)
+def _insert(start, degree, capacity, cols, used, u, v):  # type: ignore[no-untyped-def]
+    """Append u to v's segment, moving the segment when full; returns (cols, used)."""
+    if degree[v] == capacity[v]:
+        new_cap = max(4, 2 * capacity[v])
+        if used + new_cap > cols.shape[0]:
+            grown = np.empty(max(2 * cols.shape[0], used + new_cap), dtype=cols.dtype)
+            grown[:used] = cols[:used]
+            cols = grown
+        lo = start[v]
+        for j in range(degree[v]):
+            cols[used + j] = cols[lo + j]
+        start[v] = used
+        capacity[v] = new_cap
+        used += new_cap
+    cols[start[v] + degree[v]] = u
+    degree[v] += 1
+    return cols, used
+
+
+@numba.njit(nogil=True, cache=True)
+def _delete(start, degree, cols, u, v):  # type: ignore[no-untyped-def]
+    """Remove one u from v's segment; returns False when there was none."""
+    lo = start[v]
+    last = lo + degree[v] - 1
+    for p in range(lo, last + 1):
+        if cols[p] == u:
+            cols[p] = cols[last]
+            degree[v] -= 1
+            return True
+    return False
+
+
+@numba.njit(nogil=True, cache=True)
+def _count(start, degree, cols, u, v):  # type: ignore[no-untyped-def]
+    lo = start[v]
+    total = 0
+    for p in range(lo, lo + degree[v]):
+        if cols[p] == u:
+            total += 1
+    return total
+
+
+@numba.njit(nogil=True, cache=True)
+def _compact(start, degree, cols, n, slack_div):  # type: ignore[no-untyped-def]
+    """Copy the first n segments to fresh arrays, capacity degree + 2 + degree // slack_div."""
+    new_start = np.empty(start.shape[0], dtype=np.int64)
+    new_cap = np.zeros(start.shape[0], dtype=np.int64)
+    used = 0
+    for v in range(n):
+        new_start[v] = used
+        new_cap[v] = degree[v] + 2 + degree[v] // slack_div
+        used += new_cap[v]
+    new_cols = np.empty(max(used, 1), dtype=cols.dtype)
+    for v in range(n):
+        lo, to = start[v], new_start[v]
+        for j in range(degree[v]):
+            new_cols[to + j] = cols[lo + j]
+    return new_start, new_cap, new_cols, used
+
+
+class DynamicGraph(GraphStore):
+    """A GraphStore whose edges and nodes change; starts as a copy of a static store."""
+
+    mutable = True
+
+    def __init__(self, base: GraphStore) -> None:
+        super().__init__(base.meta)
+        indptr, indices = base.csr()
+        n = base.num_nodes
+        self._n = n
+        self._m = int(indptr[-1])
+        node_cap = n + n // 4 + 16
+        degree = np.zeros(node_cap, dtype=np.int64)
+        degree[:n] = np.diff(indptr)
+        start = np.zeros(node_cap, dtype=np.int64)
+        start[:n] = indptr[:-1]
+        cols = np.asarray(indices, dtype=np.int64)
+        new_start, capacity, new_cols, used = _compact(start, degree, cols, n, 8)
+        self._install(new_start, capacity, new_cols, used, degree)
+        self.loops = np.zeros(node_cap, dtype=np.int64)
+        dst = np.repeat(np.arange(n), degree[:n])
+        np.add.at(self.loops, dst[cols[: self._m] == dst], 1)
+        self.seq = 0  # bumped by the store per applied batch
+
+    def _install(self, start, capacity, cols, used, degree) -> None:  # type: ignore[no-untyped-def]
+        # one tuple: readers pick up a consistent set of arrays with a single attribute read
+        self._arrays = (start, degree, cols)
+        self.start, self.degree, self.capacity, self.cols, self.used = (
+            start,
+            degree,
+            capacity,
+            cols,
+            used,
+        )
+
+    @property
+    def num_nodes(self) -> int:
+        return self._n
+
+    @property
+    def num_edges(self) -> int:
+        return self._m
+
+    @property
+    def version(self) -> str:
+        """``<base checksum>.<batches applied>``."""
+        return f"{self.meta.checksum}.{self.seq}"
+
+    def _adjacency(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        return self._arrays
+
+    def gcn_degree(self, ids: np.ndarray) -> np.ndarray:
+        return (self.degree[ids] - self.loops[ids]).astype(np.float32)
+
+    def count_edges(self, u: int, v: int) -> int:
+        """Number of u -> v edges now."""
+        return int(_count(self.start, self.degree, self.cols, u, v))
+
+    def fragmentation(self) -> float:
+        """Share of ``cols`` not holding a live edge (holes and slack)."""
+        return 1.0 - self._m / max(self.used, 1)
+
+    # mutation: callers hold the store's write lock -----------------------------------------
+    def add_edge(self, u: int, v: int) -> None:
+        """Insert u -> v."""
+        cols, self.used = _insert(
+            self.start, self.degree, self.capacity, self.cols, self.used, u, v
+        )
+        if cols is not self.cols:
+            self.cols = cols
+            self._arrays = (self.start, self.degree, cols)
+        self.loops[v] += u == v
+        self._m += 1
+
+    def delete_edge(self, u: int, v: int) -> None:
+        """Remove one u -> v (validated to exist)."""
+        if not _delete(self.start, self.degree, self.cols, u, v):
+            raise KeyError(f"edge {u} -> {v} does not exist")
+        self.loops[v] -= u == v
+        self._m -= 1
+
+    def add_node(self) -> int:
+        """A new node without edges; returns its id."""
+        if self._n == self.start.shape[0]:
+            grow = self.start.shape[0]
+            self.start = np.concatenate([self.start, np.zeros(grow, np.int64)])
+            self.degree = np.concatenate([self.degree, np.zeros(grow, np.int64)])
+            self.capacity = np.concatenate([self.capacity, np.zeros(grow, np.int64)])
+            self.loops = np.concatenate([self.loops, np.zeros(grow, np.int64)])
+            self._arrays = (self.start, self.degree, self.cols)
+        self.start[self._n] = self.used  # empty segment: the first insert moves it
+        self._n += 1
+        return self._n - 1
+
+    def compacted(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+        """A defragmented copy (start, capacity, cols, used); run with writers excluded."""
+        return _compact(self.start, self.degree, self.cols, self._n, 8)  # type: ignore[no-any-return]
+
+    def install_compacted(self, parts: tuple[np.ndarray, np.ndarray, np.ndarray, int]) -> None:
+        """Swap in the arrays of ``compacted`` (under the write lock)."""
+        start, capacity, cols, used = parts
+        self._install(start, capacity, cols, used, self.degree)

@@ -1,0 +1,145 @@
+"""DynamicStore: a graph and its features that change, durably, with one version for both.
+
+``apply(ops)`` validates a batch against the current state, appends it to the update log (the
+acknowledgement waits for it), then applies it under the write lock and advances the version.
+Readers (inference batches) hold the read lock from sampling until their features are fetched,
+so each batch sees exactly one version. A background thread compacts the adjacency when more
+than half of it is holes or slack: it copies with writers paused and readers running, then swaps
+the arrays in under a brief write lock.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gnnserve.errors import StoreFormatError
+from gnnserve.features.base import FeatureStore
+from gnnserve.features.dynamic import DynamicFeatures
+from gnnserve.graph.base import GraphStore
+from gnnserve.graph.dynamic import DynamicGraph
+from gnnserve.graph.rwlock import ReadWriteLock
+from gnnserve.graph.updates import ParsedBatch, parse_batch
+from gnnserve.graph.wal import FsyncPolicy, UpdateLog, replay
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class UpdateResult:
+    """What an accepted batch produced."""
+
+    graph_version: str  # version after the batch: "<base checksum>.<seq>"
+    seq: int  # batches applied since the base store
+    new_nodes: list[int]  # ids given to the batch's add_node operations
+    applied: int  # operations applied
+
+
+class DynamicStore:
+    """Mutable graph + features + update log; hand ``graph`` and ``features`` to the Engine."""
+
+    def __init__(
+        self,
+        graph: GraphStore,
+        features: FeatureStore,
+        log_path: str | Path,
+        fsync: FsyncPolicy | str = FsyncPolicy.ALWAYS,
+        compact_above: float = 0.5,
+    ) -> None:
+        self.graph = DynamicGraph(graph)
+        self.features = DynamicFeatures(features)
+        self._lock = ReadWriteLock()
+        self.graph.acquire_read = self._acquire_read  # type: ignore[method-assign]
+        self.graph.release_read = self._lock.release_read  # type: ignore[method-assign]
+        self._writer = threading.Lock()  # one batch at a time: validate, log, apply
+        self.compact_above = compact_above
+        self.replayed = self._replay(log_path, graph.version)
+        self.log = UpdateLog(log_path, fsync)
+        if self.graph.seq == 0 and self.log.path.stat().st_size == 0:
+            self.log.append(0, [{"op": "base", "checksum": graph.version}])
+        self._stop = threading.Event()
+        self._compactor = threading.Thread(target=self._compact_loop, daemon=True)
+        self._compactor.start()
+
+    def _acquire_read(self) -> str:
+        self._lock.acquire_read()
+        return self.graph.version
+
+    def _replay(self, path: str | Path, base_version: str) -> int:
+        """Apply every logged batch after checking the log belongs to this base store."""
+        applied = 0
+        for seq, ops in replay(path):
+            if seq == 0:
+                if ops[0].get("checksum") != base_version:
+                    raise StoreFormatError(
+                        f"update log {path} was written for store {ops[0].get('checksum')}, "
+                        f"not {base_version}",
+                        "wal",
+                    )
+                continue
+            self._apply(self._parse(ops), seq)
+            applied += 1
+        if applied:
+            log.info(
+                "replayed %d update batches from %s (version %s)", applied, path, self.graph.version
+            )
+        return applied
+
+    def _parse(self, ops: Any) -> ParsedBatch:
+        g = self.graph
+        return parse_batch(ops, g.num_nodes, self.features.dim, g.count_edges)
+
+    def apply(self, ops: Any) -> UpdateResult:
+        """Validate, log durably, apply; UpdateRejectedError (nothing applied) when invalid."""
+        with self._writer:
+            batch = self._parse(ops)
+            seq = self.graph.seq + 1
+            self.log.append(seq, batch.ops)
+            self._apply(batch, seq)
+            return UpdateResult(self.graph.version, seq, batch.new_nodes, len(batch.ops))
+
+    def _apply(self, batch: ParsedBatch, seq: int) -> None:
+        g, f = self.graph, self.features
+        self._lock.acquire_write()
+        try:
+            for op in batch.ops:
+                kind = op["op"]
+                if kind == "add_edge":
+                    g.add_edge(op["src"], op["dst"])
+                elif kind == "delete_edge":
+                    g.delete_edge(op["src"], op["dst"])
+                elif kind == "add_node":
+                    g.add_node()
+                    f.append(op["features"])
+                else:
+                    f.upsert(op["node"], op["features"])
+            g.seq = seq
+        finally:
+            self._lock.release_write()
+
+    def compact(self) -> None:
+        """Defragment the adjacency: copy with writers paused, swap under a brief write lock."""
+        with self._writer:
+            parts = self.graph.compacted()  # readers keep running on the current arrays
+            self._lock.acquire_write()
+            try:
+                self.graph.install_compacted(parts)
+            finally:
+                self._lock.release_write()
+
+    def _compact_loop(self) -> None:
+        while not self._stop.wait(1.0):
+            if self.graph.fragmentation() > self.compact_above:
+                start = time.perf_counter()
+                self.compact()
+                log.info("compacted adjacency in %.1f ms", (time.perf_counter() - start) * 1e3)
+
+    def close(self) -> None:
+        """Stop the compactor and close the log."""
+        self._stop.set()
+        self._compactor.join(5)
+        self.log.close()

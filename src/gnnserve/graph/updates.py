@@ -1,0 +1,112 @@
+"""Graph update operations: parsing and validation of a batch, before anything is applied.
+
+A batch is a list of JSON-like operations, applied in order and all-or-nothing:
+
+- ``{"op": "add_edge", "src": u, "dst": v}``: a directed edge u -> v (send both for undirected)
+- ``{"op": "delete_edge", "src": u, "dst": v}``: removes one u -> v edge; it must exist
+- ``{"op": "add_node", "features": [...]}``: a node with the next free id (N, N+1, ...)
+- ``{"op": "upsert_features", "node": v, "features": [...]}``: replaces v's features
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from gnnserve.errors import InvalidInputError
+
+OPS = ("add_edge", "delete_edge", "add_node", "upsert_features")
+
+
+class UpdateRejectedError(InvalidInputError):
+    """A batch with invalid operations; ``errors`` lists each one. Nothing was applied."""
+
+    kind = "update_rejected"
+
+    def __init__(self, errors: list[dict[str, Any]]) -> None:
+        first = errors[0]
+        super().__init__(
+            f"{len(errors)} invalid operation(s); first: {first['message']}", first["field"]
+        )
+        self.errors = errors
+
+    def to_json(self) -> dict[str, object]:
+        body = super().to_json()
+        body["errors"] = self.errors
+        return body
+
+
+@dataclass
+class ParsedBatch:
+    """A validated batch: the normalised operations and the node ids ``add_node`` will create."""
+
+    ops: list[dict[str, Any]]  # normalised copies (ints, float lists), as written to the log
+    new_nodes: list[int] = field(default_factory=list)  # ids assigned to add_node ops, in order
+
+
+def _int_field(op: dict[str, Any], key: str, limit: int, path: str) -> int:
+    value = op.get(key)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{path}.{key} must be an integer node id")
+    if not 0 <= value < limit:
+        raise ValueError(f"{path}.{key}: node {value} does not exist (nodes: {limit})")
+    return value
+
+
+def _features(op: dict[str, Any], width: int, path: str) -> list[float]:
+    values = op.get("features")
+    if not isinstance(values, list) or len(values) != width:
+        got = len(values) if isinstance(values, list) else type(values).__name__
+        raise ValueError(f"{path}.features must be a list of {width} numbers, got {got}")
+    out = []
+    for x in values:
+        if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x):
+            raise ValueError(f"{path}.features must hold finite numbers, got {x!r}")
+        out.append(float(x))
+    return out
+
+
+def parse_batch(
+    raw: Any, num_nodes: int, feature_dim: int, edge_count: Callable[[int, int], int]
+) -> ParsedBatch:
+    """Validate ``raw`` against the current graph; raise UpdateRejectedError listing every problem.
+
+    ``edge_count(u, v)`` counts u -> v edges now; deletes are checked against it plus the batch's
+    own earlier operations.
+    """
+    if not isinstance(raw, list) or not raw:
+        raise InvalidInputError("ops must be a non-empty list of operations", "ops")
+    batch = ParsedBatch(ops=[])
+    errors: list[dict[str, Any]] = []
+    pending: Counter[tuple[int, int]] = Counter()  # net edges added by this batch so far
+    n = num_nodes
+    for i, op in enumerate(raw):
+        path = f"ops[{i}]"
+        try:
+            if not isinstance(op, dict) or op.get("op") not in OPS:
+                raise ValueError(f"{path}.op must be one of {list(OPS)}")
+            kind = op["op"]
+            if kind in ("add_edge", "delete_edge"):
+                u, v = _int_field(op, "src", n, path), _int_field(op, "dst", n, path)
+                if kind == "delete_edge" and edge_count(u, v) + pending[(u, v)] <= 0:
+                    raise ValueError(f"{path}: edge {u} -> {v} does not exist")
+                pending[(u, v)] += 1 if kind == "add_edge" else -1
+                batch.ops.append({"op": kind, "src": u, "dst": v})
+            elif kind == "add_node":
+                batch.ops.append({"op": kind, "features": _features(op, feature_dim, path)})
+                batch.new_nodes.append(n)
+                n += 1
+            else:
+                node = _int_field(op, "node", n, path)
+                values = _features(op, feature_dim, path)
+                batch.ops.append({"op": kind, "node": node, "features": values})
+        except ValueError as exc:
+            message = str(exc)
+            field_name = message.split(" ", 1)[0].rstrip(":")
+            errors.append({"index": i, "field": field_name, "message": message})
+    if errors:
+        raise UpdateRejectedError(errors)
+    return batch
