@@ -1,0 +1,213 @@
+"""numba kernels of DGS pre-sampling: reservoir build, event maintenance, k-hop assembly.
+
+Reservoirs of every one-hop query live in one table ``table`` int64 [N_cap, sum(fans)]: query q
+owns columns ``cols[q] : cols[q] + fans[q]`` and ``counts[v, q]`` of them are filled for vertex v.
+Randomness is counter-based (``kernels.row_key`` as a hash of (stream key, counter)): the build
+draws from a key per (vertex, query); maintenance draws from one stream ``state`` = uint64
+[key, counter], so a run depends only on the seed and the event sequence.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+from gnnserve.sampling.kernels import relabel, reset_map, row_key, unique_seeds
+
+INSERT = 0  # event kind: edge src -> dst added
+DELETE = 1  # event kind: edge src -> dst removed
+
+
+@numba.njit(inline="always")
+def _below(state: np.ndarray, n: int) -> np.int64:
+    """Next draw of the maintenance stream, uniform in [0, n) (n >= 1)."""
+    counter = state[1]
+    state[1] = counter + np.uint64(1)
+    return np.int64(row_key(state[0], 0, counter) % np.uint64(n))
+
+
+@numba.njit(nogil=True, parallel=True, cache=True)
+def build(indptr, indices, cols, fans, seed, table, counts, deg):  # type: ignore[no-untyped-def]
+    """Fill every vertex's reservoirs with min(f, deg) distinct edge slots (Floyd's algorithm)."""
+    for v in numba.prange(indptr.shape[0] - 1):
+        lo = indptr[v]
+        d = indptr[v + 1] - lo
+        deg[v] = d
+        for q in range(fans.shape[0]):
+            k = min(fans[q], d)
+            c = cols[q]
+            counts[v, q] = k
+            if k == d:
+                for j in range(k):
+                    table[v, c + j] = indices[lo + j]
+                continue
+            key = row_key(seed, q, v)
+            for filled, j in enumerate(range(d - k, d)):
+                t = np.int64(row_key(key, 0, filled) % np.uint64(j + 1))
+                for p in range(filled):  # t already chosen -> take j, which cannot be
+                    if table[v, c + p] == t:
+                        t = np.int64(j)
+                        break
+                table[v, c + filled] = t
+            for j in range(k):
+                table[v, c + j] = indices[lo + table[v, c + j]]
+
+
+@numba.njit(inline="always")
+def _log(log, n_log, q, v, added, removed):  # type: ignore[no-untyped-def]
+    """Append the change (query, vertex, added neighbour, removed neighbour) to ``log``."""
+    i = n_log[0]
+    log[i, 0] = q
+    log[i, 1] = v
+    log[i, 2] = added
+    log[i, 3] = removed
+    n_log[0] = i + 1
+
+
+@numba.njit(inline="always")
+def _insert(table, counts, deg, cols, fans, q, v, u, state, log, n_log):  # type: ignore[no-untyped-def]
+    """Algorithm R step for a new slot u of v, whose degree is now deg[v]."""
+    f = fans[q]
+    c = counts[v, q]
+    if c < f:
+        table[v, cols[q] + c] = u
+        counts[v, q] = c + 1
+        _log(log, n_log, q, v, u, -1)
+        return
+    j = _below(state, deg[v])
+    if j < f:  # probability f / deg, then j is a uniform slot
+        old = table[v, cols[q] + j]
+        table[v, cols[q] + j] = u
+        _log(log, n_log, q, v, u, old)
+
+
+@numba.njit(inline="always")
+def _copies(table, counts, cols, q, v, u):  # type: ignore[no-untyped-def]
+    """How many slots of v's reservoir for query q hold neighbour u."""
+    n = 0
+    for j in range(counts[v, q]):
+        if table[v, cols[q] + j] == u:
+            n += 1
+    return n
+
+
+@numba.njit(inline="always")
+def _drop(table, counts, cols, q, v, u):  # type: ignore[no-untyped-def]
+    """Remove one slot holding u from v's reservoir for query q (the last slot fills the gap)."""
+    c = cols[q]
+    k = counts[v, q]
+    for j in range(k):
+        if table[v, c + j] == u:
+            table[v, c + j] = table[v, c + k - 1]
+            counts[v, q] = k - 1
+            return
+
+
+@numba.njit(nogil=True, cache=True)
+def step_events(  # type: ignore[no-untyped-def]
+    table, counts, deg, cols, fans, kinds, srcs, dsts, start, q_start, state, log, n_log
+):
+    """Apply events from (event ``start``, query ``q_start``) on; stop at a reservoir hit.
+
+    A delete whose source sits in a reservoir that did not hold every slot needs the current
+    neighbour list: the kernel returns (event, query) of it for ``resolve_delete``;
+    (len(kinds), 0) when all are applied.
+    """
+    for i in range(start, kinds.shape[0]):
+        u = srcs[i]
+        v = dsts[i]
+        q0 = q_start if i == start else 0
+        if q0 == 0:
+            deg[v] += 1 if kinds[i] == INSERT else -1
+        for q in range(q0, fans.shape[0]):
+            if kinds[i] == INSERT:
+                _insert(table, counts, deg, cols, fans, q, v, u, state, log, n_log)
+            elif _copies(table, counts, cols, q, v, u) > 0:
+                if counts[v, q] <= deg[v]:
+                    return i, q
+                _drop(table, counts, cols, q, v, u)  # it held every slot: nothing to refill
+                _log(log, n_log, q, v, -1, u)
+    return kinds.shape[0], 0
+
+
+@numba.njit(nogil=True, cache=True)
+def resolve_delete(table, counts, cols, q, v, u, nbrs, state, log, n_log):  # type: ignore[no-untyped-def]
+    """Delete of one u -> v edge slot that may be in v's reservoir; ``nbrs`` = v's neighbours now.
+
+    Parallel edges: the removed copy is one of u's m + 1 copies, in the reservoir with
+    probability copies / (m + 1). A removed slot is refilled by a uniform current slot not
+    in the reservoir; candidates come from the sorted lists, so neighbour order does not matter.
+    """
+    c = cols[q]
+    k = counts[v, q]
+    nb = np.sort(nbrs)
+    m = np.searchsorted(nb, u, side="right") - np.searchsorted(nb, u)
+    copies = _copies(table, counts, cols, q, v, u)
+    if m + 1 > copies and _below(state, m + 1) >= copies:
+        return
+    _drop(table, counts, cols, q, v, u)
+    k -= 1
+    kept = np.sort(table[v, c : c + k])
+    cand = np.empty(nb.shape[0], dtype=np.int64)
+    n_cand = 0
+    p = 0
+    for x in nb:  # multiset difference nb - kept, both sorted
+        while p < k and kept[p] < x:
+            p += 1
+        if p < k and kept[p] == x:
+            p += 1
+        else:
+            cand[n_cand] = x
+            n_cand += 1
+    added = -1
+    if n_cand > 0:
+        added = cand[_below(state, n_cand)]
+        table[v, c + k] = added
+        k += 1
+    counts[v, q] = k
+    _log(log, n_log, q, v, added, u)
+
+
+@numba.njit(nogil=True, cache=True)
+def assemble(table, counts, cols, hop_query, seeds, local_id):  # type: ignore[no-untyped-def]
+    """k-hop sample by reservoir look-ups, the output format of ``kernels.sample_inline``.
+
+    Returns (nodes, seed_rows, num_seeds, edges [2, >=E] local ids, hop_offsets [hops+1],
+    layer_sizes [hops+1]); ``local_id`` is left all -1 again.
+    """
+    nodes = np.empty(max(seeds.shape[0] * 4, 64), dtype=np.int64)
+    n_nodes, seed_rows = unique_seeds(seeds, nodes, local_id)
+    num_seeds = n_nodes
+    hops = hop_query.shape[0]
+    hop_offsets = np.zeros(hops + 1, dtype=np.int64)
+    layer_sizes = np.empty(hops + 1, dtype=np.int64)
+    layer_sizes[0] = n_nodes
+    edges = np.empty((2, 256), dtype=np.int64)
+    for hop in range(hops):
+        q = hop_query[hop]
+        c = cols[q]
+        start = hop_offsets[hop]
+        total = 0
+        for i in range(n_nodes):
+            total += counts[nodes[i], q]
+        need = start + total
+        if need > edges.shape[1]:
+            grown = np.empty((2, max(need, 2 * edges.shape[1])), dtype=np.int64)
+            grown[:, :start] = edges[:, :start]
+            edges = grown
+        if n_nodes + total > nodes.shape[0]:
+            bigger = np.empty(n_nodes + total + nodes.shape[0], dtype=np.int64)
+            bigger[:n_nodes] = nodes[:n_nodes]
+            nodes = bigger
+        e = start
+        for i in range(n_nodes):
+            v = nodes[i]
+            for j in range(counts[v, q]):
+                edges[0, e] = table[v, c + j]
+                edges[1, e] = i
+                e += 1
+        n_nodes = relabel(edges[:, start:need], nodes, n_nodes, local_id)
+        hop_offsets[hop + 1] = need
+        layer_sizes[hop + 1] = n_nodes
+    reset_map(local_id, nodes, n_nodes)
+    return nodes[:n_nodes].copy(), seed_rows, num_seeds, edges, hop_offsets, layer_sizes
