@@ -34,6 +34,12 @@ def _serve_arguments(p: argparse.ArgumentParser) -> None:
         help="accept graph updates, logged here (replayed at start-up if it exists)",
     )
     p.add_argument("--fsync", choices=["always", "never"], default=None, help="update log fsync")
+    p.add_argument(
+        "--presample",
+        action="store_true",
+        default=None,
+        help="DGS pre-sampling: keep reservoirs for --fanouts, updated on every graph update",
+    )
 
 
 def run_serve(args: argparse.Namespace) -> int:
@@ -63,6 +69,7 @@ def run_serve(args: argparse.Namespace) -> int:
             "compute.torch_threads": args.torch_threads,
             "store.update_log": args.update_log,
             "store.fsync": args.fsync,
+            "sampler.presample": args.presample,
         },
     )
     engine = build_engine(config)

@@ -31,9 +31,9 @@ class SamplerConfig(_Strict):
 
     fanouts: list[int] = Field(default_factory=lambda: [25, 10])  # per hop, nearest first; -1 = all
     seed: int = 0  # sampler RNG seed
-    parallel_threshold: int = (
-        65536  # expected sampled nodes (PSGS) above which the parallel path runs
-    )
+    # expected sampled nodes (PSGS) above which the parallel path runs
+    parallel_threshold: int = 65536
+    presample: bool = False  # keep DGS reservoirs for ``fanouts``; requests using them look up
 
     @field_validator("fanouts")
     @classmethod

@@ -26,6 +26,7 @@ class InferenceRequest:
     request_id: int  # engine-assigned, monotonic
     arrival_s: float  # time.perf_counter() at admission, seconds
     deadline_s: float | None = None  # perf_counter() time after which it is dropped, or None
+    fanouts: tuple[int, ...] | None = None  # per-hop fanouts; None = the server's default
 
 
 @dataclass(frozen=True)

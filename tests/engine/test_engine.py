@@ -19,8 +19,6 @@ from gnnserve.errors import (
     ShuttingDownError,
     TooManyNodesError,
 )
-from gnnserve.features import open_feature_store
-from gnnserve.graph import open_graph_store
 from gnnserve.models.checkpoint import load_checkpoint
 
 
@@ -34,20 +32,6 @@ def _config(store: Path, ckpt: Path, **overrides: object) -> ServeConfig:
             **overrides,
         },
     )
-
-
-@pytest.fixture(scope="module")
-def reference(small_store: Path, small_ckpt: Path) -> tuple[torch.Tensor, torch.Tensor]:
-    """Full-graph logits and layer-1 embeddings of every node, plain PyG forward."""
-    graph = open_graph_store(small_store)
-    indptr, indices = graph.csr()
-    dst = np.repeat(np.arange(graph.num_nodes), np.diff(indptr))
-    edge_index = torch.from_numpy(np.stack([np.asarray(indices, np.int64), dst]))
-    x = open_feature_store(small_store).get(np.arange(graph.num_nodes))
-    model = load_checkpoint(small_ckpt).model
-    with torch.inference_mode():
-        hidden = torch.relu(model.convs[0](x, edge_index))
-        return model(x, edge_index), hidden
 
 
 def test_outputs_equal_full_graph_forward(small_store, small_ckpt, reference) -> None:

@@ -81,6 +81,9 @@ BAD_PREDICT = [
     ({"nodes": [1], "output": "logits"}, 400, "output"),
     ({"nodes": [1], "model": "nope"}, 404, "model"),
     ({"nodes": [1], "extra": 1}, 400, "extra"),
+    ({"nodes": [1], "fanouts": [5]}, 400, "fanouts"),
+    ({"nodes": [1], "fanouts": [5, 0]}, 400, "fanouts"),
+    ({"nodes": [1], "fanouts": ["5", 5]}, 400, "fanouts.0"),
 ]
 
 

@@ -60,8 +60,16 @@ class Admission:
         """Refuse every later request (graceful shutdown)."""
         self._closed = True
 
-    def admit(self, nodes: object, output: str | OutputKind) -> Ticket:
-        """Validate and admit; raises InvalidInputError / TooManyNodesError / OverloadedError."""
+    def admit(
+        self,
+        nodes: object,
+        output: str | OutputKind,
+        fanouts: tuple[int, ...] | None = None,
+    ) -> Ticket:
+        """Validate and admit; raises InvalidInputError / TooManyNodesError / OverloadedError.
+
+        ``fanouts`` must already be validated (``Planner.check``).
+        """
         if self._closed:
             raise ShuttingDownError("server is shutting down")
         kind = parse_output(output)
@@ -73,7 +81,9 @@ class Admission:
                 )
             self._in_flight += 1
         now = time.perf_counter()
-        req = InferenceRequest(ids, kind, next(self._ids), now, now + self.config.timeout_s)
+        req = InferenceRequest(
+            ids, kind, next(self._ids), now, now + self.config.timeout_s, fanouts
+        )
         ticket = Ticket(req)
         ticket.future.add_done_callback(self._release)
         return ticket

@@ -24,6 +24,7 @@ class Batch:
     tickets: list[Ticket]  # the requests, in arrival order
     seeds: np.ndarray  # int64: the tickets' node ids concatenated (duplicates kept)
     formed_s: float  # perf_counter() when the batch closed
+    fanouts: tuple[int, ...] | None = None  # every ticket's fanouts (None = default)
     graph_version: str = ""  # version the batch reads, pinned from sampling until fetched
     subgraph: SampledSubgraph | None = None  # set by the sample stage
     minibatch: MiniBatch | None = None  # set by the fetch stage
@@ -91,8 +92,10 @@ class Batcher:
             if ticket is None:
                 break
             extra = self._cost(ticket)
-            if size + ticket.request.nodes.size > self.config.max_batch_nodes or (
-                cost + extra > max_cost
+            if (
+                size + ticket.request.nodes.size > self.config.max_batch_nodes
+                or cost + extra > max_cost
+                or ticket.request.fanouts != first.request.fanouts  # one sampler per batch
             ):
                 self._carry = ticket
                 break
@@ -100,4 +103,4 @@ class Batcher:
             size += ticket.request.nodes.size
             cost += extra
         seeds = np.concatenate([t.request.nodes for t in tickets])
-        return Batch(tickets, seeds, time.perf_counter())
+        return Batch(tickets, seeds, time.perf_counter(), fanouts=first.request.fanouts)

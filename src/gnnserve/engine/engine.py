@@ -16,13 +16,12 @@ from gnnserve.config import ServeConfig
 from gnnserve.engine.admission import Admission
 from gnnserve.engine.batcher import STOP, Batch, Batcher
 from gnnserve.engine.pipeline import Stage, fail_batch
+from gnnserve.engine.planner import Planner
 from gnnserve.errors import ReadOnlyStoreError
 from gnnserve.features.base import FeatureStore
 from gnnserve.graph.base import GraphStore
 from gnnserve.graph.dynamic_store import DynamicStore, UpdateResult
 from gnnserve.models.runner import ModelRunner
-from gnnserve.sampling.metrics import psgs
-from gnnserve.sampling.sampler import NeighborSampler
 from gnnserve.types import InferenceResult, MiniBatch, OutputKind, StageTimings
 
 log = logging.getLogger(__name__)
@@ -47,13 +46,13 @@ class Engine:
         self.graph = graph
         self.features = features
         self.runner = runner
-        s = self.config.sampler
-        # expected sampled nodes per seed, O(k|E|) once; a changing graph uses a fanout bound
-        self.psgs = None if graph.mutable else psgs(graph, s.fanouts)
-        self.sampler = NeighborSampler(graph, s.fanouts, s.seed, s.parallel_threshold, self.psgs)
+        self.planner = Planner(graph, self.config.sampler, runner.model.config.num_layers)
+        self.psgs = self.planner.psgs  # expected sampled nodes per seed (None: graph changes)
+        if updates is not None and self.planner.presampler is not None:
+            updates.attach(self.planner.presampler)
         self.admission = Admission(graph, self.config.admission)
         self._inbox: queue.Queue[object] = queue.Queue()
-        self.batcher = Batcher(self.config.batcher, self._inbox, self.sampler.expected_size)
+        self.batcher = Batcher(self.config.batcher, self._inbox, self.planner.expected_size)
         self.observers: list[Callable[[Batch], None]] = []  # called after each finished batch
         self._threads: list[threading.Thread] = []
         self._started = False
@@ -105,23 +104,35 @@ class Engine:
         self.stop()
 
     # requests ------------------------------------------------------------------------------
-    def submit(self, nodes: object, output: str | OutputKind = "label") -> Future[InferenceResult]:
-        """Admit a request and return its future; raises typed errors for bad or excess input."""
+    def submit(
+        self, nodes: object, output: str | OutputKind = "label", fanouts: object = None
+    ) -> Future[InferenceResult]:
+        """Admit a request and return its future; raises typed errors for bad or excess input.
+
+        ``fanouts`` (one per model layer, -1 = all neighbours) overrides the configured ones.
+        """
         if not self._started:
             self.start()
-        ticket = self.admission.admit(nodes, output)
+        checked = None if fanouts is None else self.planner.check(fanouts)
+        ticket = self.admission.admit(nodes, output, checked)
         self._inbox.put(ticket)
         return ticket.future
 
     def predict(
-        self, nodes: object, output: str | OutputKind = "label", timeout_s: float | None = None
+        self,
+        nodes: object,
+        output: str | OutputKind = "label",
+        timeout_s: float | None = None,
+        fanouts: object = None,
     ) -> InferenceResult:
         """Blocking prediction for ``nodes`` (existing node ids)."""
-        return self.submit(nodes, output).result(timeout=timeout_s)
+        return self.submit(nodes, output, fanouts).result(timeout=timeout_s)
 
-    async def apredict(self, nodes: object, output: str | OutputKind = "label") -> InferenceResult:
+    async def apredict(
+        self, nodes: object, output: str | OutputKind = "label", fanouts: object = None
+    ) -> InferenceResult:
         """Awaitable prediction, for asyncio servers."""
-        return await asyncio.wrap_future(self.submit(nodes, output))
+        return await asyncio.wrap_future(self.submit(nodes, output, fanouts))
 
     def apply_updates(self, ops: object) -> UpdateResult:
         """Apply a batch of graph updates (durable before it returns); see graph.updates."""
@@ -145,7 +156,7 @@ class Engine:
             start = time.perf_counter()
             batch.graph_version = self.graph.acquire_read()  # released once features are read
             try:
-                batch.subgraph = self.sampler.sample(batch.seeds)
+                batch.subgraph = self.planner.sampler_for(batch.fanouts).sample(batch.seeds)
             except BaseException as exc:  # noqa: BLE001 - reported per request
                 self.graph.release_read()
                 fail_batch(batch, exc)

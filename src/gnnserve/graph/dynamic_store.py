@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from gnnserve.errors import StoreFormatError
 from gnnserve.features.base import FeatureStore
 from gnnserve.features.dynamic import DynamicFeatures
@@ -25,6 +27,7 @@ from gnnserve.graph.dynamic import DynamicGraph
 from gnnserve.graph.rwlock import ReadWriteLock
 from gnnserve.graph.updates import ParsedBatch, parse_batch
 from gnnserve.graph.wal import FsyncPolicy, UpdateLog, replay
+from gnnserve.sampling.presample import DELETE, INSERT, PreSampler
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +60,7 @@ class DynamicStore:
         self.graph.release_read = self._lock.release_read  # type: ignore[method-assign]
         self._writer = threading.Lock()  # one batch at a time: validate, log, apply
         self.compact_above = compact_above
+        self.presampler: PreSampler | None = None  # attached after replay, built from its state
         self.replayed = self._replay(log_path, graph.version)
         self.log = UpdateLog(log_path, fsync)
         if self.graph.seq == 0 and self.log.path.stat().st_size == 0:
@@ -64,6 +68,10 @@ class DynamicStore:
         self._stop = threading.Event()
         self._compactor = threading.Thread(target=self._compact_loop, daemon=True)
         self._compactor.start()
+
+    def attach(self, presampler: PreSampler) -> None:
+        """Keep ``presampler``'s reservoirs current: every applied batch is reported to it."""
+        self.presampler = presampler
 
     def _acquire_read(self) -> str:
         self._lock.acquire_read()
@@ -118,8 +126,22 @@ class DynamicStore:
                 else:
                     f.upsert(op["node"], op["features"])
             g.seq = seq
+            if self.presampler is not None:
+                self._report(batch)
         finally:
             self._lock.release_write()
+
+    def _report(self, batch: ParsedBatch) -> None:
+        """Tell the pre-sampler what changed: new nodes first (edgeless), then edge events."""
+        assert self.presampler is not None
+        for _ in batch.new_nodes:
+            self.presampler.on_add_node()
+        edges = [op for op in batch.ops if op["op"] in ("add_edge", "delete_edge")]
+        if edges:
+            kinds = np.array([INSERT if op["op"] == "add_edge" else DELETE for op in edges])
+            srcs = np.array([op["src"] for op in edges], dtype=np.int64)
+            dsts = np.array([op["dst"] for op in edges], dtype=np.int64)
+            self.presampler.apply_events(kinds, srcs, dsts, self.graph.neighbors)
 
     def compact(self) -> None:
         """Defragment the adjacency: copy with writers paused, swap under a brief write lock."""

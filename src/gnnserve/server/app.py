@@ -108,7 +108,7 @@ def create_app(engine: Engine, model_name: str = "default") -> FastAPI:
                 f"unknown model {body.model!r}; serving {model_name!r}", "model"
             )
         start = time.perf_counter()
-        result = await engine.apredict(body.nodes, body.output)
+        result = await engine.apredict(body.nodes, body.output, body.fanouts)
         metrics.requests.labels("predict").inc()
         metrics.request_latency.labels("predict").observe(time.perf_counter() - start)
         return JSONResponse(result_json(model_name, result))

@@ -17,6 +17,9 @@ class PredictRequest(BaseModel):
     nodes: list[StrictInt] = Field(..., description="existing node ids to predict for")
     output: StrictStr = Field("label", description="label | probs | embedding")
     model: StrictStr | None = Field(None, description="model name; defaults to the served one")
+    fanouts: list[StrictInt] | None = Field(
+        None, description="neighbours sampled per hop (nearest first, -1 = all); default: server's"
+    )
 
 
 class Timings(BaseModel):
