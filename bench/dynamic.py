@@ -1,0 +1,250 @@
+"""Sampling latency on a changing graph: DGS pre-sampling vs on-demand sampling, and ingestion.
+
+On fb100_cornell5 and soc_epinions1, 2-hop [25, 10] sampling of single-seed requests whose
+seeds are drawn proportionally to in-degree (skewed toward hubs), while an update stream (half
+inserts of random edges, half deletes of existing ones, batches of 100) is applied through the
+dynamic store at increasing rates. Both modes read the same kind of store under the same lock:
+a request = pin a version, sample, release. Latency is wall time per request in this process.
+Ingestion: updates/s and MB/s (update-log bytes) one store applies with pre-sampling attached.
+
+    python bench/dynamic.py            # full run (< 10 min)
+    python bench/dynamic.py --quick    # smoke run
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+import gnnserve  # noqa: F401  (first: sets the OpenMP wait policy)
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import DATASETS, Targets, parse_args, save_figure, write_results  # noqa: E402
+from gnnserve.data.writer import GraphData, write_store  # noqa: E402
+from gnnserve.features import open_feature_store  # noqa: E402
+from gnnserve.graph import open_graph_store  # noqa: E402
+from gnnserve.graph.dynamic_store import DynamicStore  # noqa: E402
+from gnnserve.sampling import NeighborSampler  # noqa: E402
+from gnnserve.sampling.presample import PreSampler  # noqa: E402
+
+FANOUTS = [25, 10]
+RATES = [0, 2000, 10000, 40000]  # offered updates per second
+BATCH = 100  # operations per update batch
+
+
+def make_store(name: str, workdir: Path) -> Path:
+    """The dataset's graph with 16-dim zero features (sampling never reads them)."""
+    with np.load(DATASETS / f"{name}.npz") as z:
+        edge_index, n = z["edge_index"], int(z["num_nodes"])
+    out = workdir / name
+    write_store(GraphData(name, n, edge_index, np.zeros((n, 16), np.float32)), out)
+    return out
+
+
+def update_stream(store: Path, count: int, seed: int) -> list[list[dict]]:
+    """Batches of ops: inserts of random pairs interleaved with deletes of distinct old edges."""
+    graph = open_graph_store(store)
+    indptr, indices = graph.csr()
+    rng = np.random.default_rng(seed)
+    picks = rng.choice(graph.num_edges, count // 2, replace=False)
+    dst = np.searchsorted(indptr, picks, side="right") - 1
+    src = np.asarray(indices)[picks]
+    new = rng.integers(0, graph.num_nodes, (count // 2, 2))
+    ops: list[dict] = []
+    for i in range(count // 2):
+        ops.append({"op": "add_edge", "src": int(new[i, 0]), "dst": int(new[i, 1])})
+        ops.append({"op": "delete_edge", "src": int(src[i]), "dst": int(dst[i])})
+    return [ops[i : i + BATCH] for i in range(0, len(ops), BATCH)]
+
+
+def open_dynamic(store: Path, log: Path, presample: bool):  # type: ignore[no-untyped-def]
+    """A fresh dynamic store and the sampler of the mode under test."""
+    log.unlink(missing_ok=True)
+    dyn = DynamicStore(open_graph_store(store), open_feature_store(store), log, fsync="never")
+    if presample:
+        sampler = PreSampler(*dyn.graph.csr(), FANOUTS, seed=0)
+        dyn.attach(sampler)
+        return dyn, sampler
+    return dyn, NeighborSampler(dyn.graph, FANOUTS, seed=0)
+
+
+def run_updates(
+    dyn: DynamicStore,
+    batches: list[list[dict]],
+    rate: float,
+    stop: threading.Event,
+    applied: list[int],
+) -> None:
+    """Apply batches paced to ``rate`` updates/s until stopped or out of batches."""
+    start = time.perf_counter()
+    for i, batch in enumerate(batches):
+        due = start + i * BATCH / rate
+        while (wait := due - time.perf_counter()) > 0:
+            if stop.wait(min(wait, 0.01)):
+                return
+        if stop.is_set():
+            return
+        dyn.apply(batch)
+        applied[0] += len(batch)
+
+
+def measure(dyn: DynamicStore, sampler, seeds: np.ndarray, duration: float) -> np.ndarray:  # type: ignore[no-untyped-def]
+    """Closed-loop single-seed requests for ``duration`` s; latency per request in ms."""
+    graph, out = dyn.graph, []
+    end = time.perf_counter() + duration
+    i = 0
+    while time.perf_counter() < end:
+        t0 = time.perf_counter()
+        graph.acquire_read()
+        try:
+            sampler.sample(seeds[i % seeds.size : i % seeds.size + 1])
+        finally:
+            graph.release_read()
+        out.append((time.perf_counter() - t0) * 1e3)
+        i += 1
+    return np.array(out)
+
+
+def latency_cell(
+    store: Path,
+    work: Path,
+    presample: bool,
+    rate: float,
+    duration: float,
+    batches: list[list[dict]],
+) -> dict[str, float]:
+    """One (mode, update rate) measurement on a fresh store."""
+    dyn, sampler = open_dynamic(store, work / "log", presample)
+    deg = dyn.graph.in_degree().astype(float)
+    seeds = np.random.default_rng(3).choice(deg.size, 200_000, p=deg / deg.sum())
+    measure(dyn, sampler, seeds, 0.3)  # warm-up (kernel loads)
+    stop, applied = threading.Event(), [0]
+    updater = threading.Thread(target=run_updates, args=(dyn, batches, rate, stop, applied))
+    if rate:
+        updater.start()
+    start = time.perf_counter()
+    lat = measure(dyn, sampler, seeds, duration)
+    elapsed = time.perf_counter() - start
+    stop.set()
+    if rate:
+        updater.join()
+    dyn.close()
+    return {
+        "offered_rate": rate,
+        "achieved_rate": applied[0] / elapsed,
+        "requests": lat.size,
+        "p50_ms": float(np.percentile(lat, 50)),
+        "p99_ms": float(np.percentile(lat, 99)),
+    }
+
+
+def ingestion(store: Path, work: Path, batches: list[list[dict]], duration: float) -> dict:
+    """Updates/s and log MB/s of one store with pre-sampling attached, applying flat out."""
+    dyn, _ = open_dynamic(store, work / "log", presample=True)
+    start, count, i = time.perf_counter(), 0, 0
+    base_bytes = dyn.log.bytes_written
+    while time.perf_counter() - start < duration and i < len(batches):
+        dyn.apply(batches[i])
+        count += len(batches[i])
+        i += 1
+    elapsed = time.perf_counter() - start
+    mb = (dyn.log.bytes_written - base_bytes) / 1e6
+    dyn.close()
+    return {"updates_per_s": count / elapsed, "mb_per_s": mb / elapsed}
+
+
+def plot(results: dict, path: Path) -> None:
+    """p99 latency against update rate, both modes, one panel per dataset."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(results), figsize=(5 * len(results), 4), squeeze=False)
+    for ax, (name, res) in zip(axes[0], results.items(), strict=True):
+        for mode in ("on_demand", "presample"):
+            rows = res[mode]
+            ax.plot(
+                [r["achieved_rate"] for r in rows],
+                [r["p99_ms"] for r in rows],
+                "o-",
+                label=f"{mode} p99",
+            )
+            ax.plot(
+                [r["achieved_rate"] for r in rows],
+                [r["p50_ms"] for r in rows],
+                "x--",
+                label=f"{mode} p50",
+            )
+        ax.set(
+            title=f"{name}: [25, 10], degree-skewed seeds",
+            xlabel="updates/s applied",
+            ylabel="ms per request",
+            yscale="log",
+        )
+        ax.legend(fontsize=8)
+    save_figure(fig, path)
+
+
+def main() -> None:
+    args = parse_args(__doc__, "smoke run: 1 s per cell")
+    duration = 1.0 if args.quick else 4.0
+    results: dict[str, dict] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        for name in ("fb100_cornell5", "soc_epinions1"):
+            store = make_store(name, work)
+            batches = update_stream(store, int(max(RATES) * duration * 1.2) // BATCH * BATCH, 1)
+            res: dict = {"on_demand": [], "presample": []}
+            for mode in res:
+                for rate in RATES:
+                    cell = latency_cell(store, work, mode == "presample", rate, duration, batches)
+                    res[mode].append(cell)
+                    print(
+                        f"[{name}] {mode:9s} offered {rate:6d}/s applied "
+                        f"{cell['achieved_rate']:8.0f}/s  p50 {cell['p50_ms']:.3f} ms  "
+                        f"p99 {cell['p99_ms']:.3f} ms"
+                    )
+            res["ingestion"] = ingestion(store, work, batches, duration)
+            print(
+                f"[{name}] ingestion {res['ingestion']['updates_per_s']:.0f} updates/s, "
+                f"{res['ingestion']['mb_per_s']:.2f} MB/s"
+            )
+            results[name] = res
+    out = write_results(
+        "dynamic",
+        {
+            "fanouts": FANOUTS,
+            "rates": RATES,
+            "batch": BATCH,
+            "quick": args.quick,
+            "results": results,
+        },
+    )
+    plot(results, out.with_suffix(".png"))
+    print(f"wrote {out} and {out.with_suffix('.png')}")
+    targets = Targets()
+    for name, res in results.items():
+        demand, pre = res["on_demand"], res["presample"]
+        targets.check(
+            f"{name}_presample_p99_over_on_demand",
+            pre[0]["p99_ms"] / demand[0]["p99_ms"],
+            1 / 3,
+            higher_is_better=False,
+        )
+        targets.check(
+            f"{name}_presample_p99_at_top_rate_over_idle",
+            pre[-1]["p99_ms"] / pre[0]["p99_ms"],
+            1.2,
+            higher_is_better=False,
+        )
+    targets.print()
+
+
+if __name__ == "__main__":
+    main()
