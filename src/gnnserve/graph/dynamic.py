@@ -50,6 +50,26 @@ def _delete(start, degree, cols, u, v):  # type: ignore[no-untyped-def]
 
 
 @numba.njit(nogil=True, cache=True)
+def _apply_events(start, degree, capacity, cols, used, loops, inserts, srcs, dsts):  # type: ignore[no-untyped-def]
+    """Apply edge events in order (inserts[i] True = add, False = delete one copy).
+
+    Returns (cols, used, index of the first delete that found no edge or -1).
+    """
+    for i in range(srcs.shape[0]):
+        u, v = srcs[i], dsts[i]
+        if inserts[i]:
+            cols, used = _insert(start, degree, capacity, cols, used, u, v)
+            if u == v:
+                loops[v] += 1
+        else:
+            if not _delete(start, degree, cols, u, v):
+                return cols, used, i
+            if u == v:
+                loops[v] -= 1
+    return cols, used, -1
+
+
+@numba.njit(nogil=True, cache=True)
 def _count(start, degree, cols, u, v):  # type: ignore[no-untyped-def]
     lo = start[v]
     total = 0
@@ -157,6 +177,19 @@ class DynamicGraph(GraphStore):
             raise KeyError(f"edge {u} -> {v} does not exist")
         self.loops[v] -= u == v
         self._m -= 1
+
+    def apply_edge_events(self, inserts: np.ndarray, srcs: np.ndarray, dsts: np.ndarray) -> None:
+        """Apply validated edge events in one kernel call (inserts: bool, True = add)."""
+        cols, self.used, bad = _apply_events(
+            self.start, self.degree, self.capacity, self.cols, self.used, self.loops,
+            inserts, srcs, dsts,
+        )  # fmt: skip
+        if cols is not self.cols:
+            self.cols = cols
+            self._arrays = (self.start, self.degree, cols)
+        if bad >= 0:
+            raise KeyError(f"edge {srcs[bad]} -> {dsts[bad]} does not exist")
+        self._m += int(2 * np.count_nonzero(inserts) - inserts.size)
 
     def add_node(self) -> int:
         """A new node without edges; returns its id."""

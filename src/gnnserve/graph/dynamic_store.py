@@ -32,6 +32,20 @@ from gnnserve.sampling.presample import DELETE, INSERT, PreSampler
 log = logging.getLogger(__name__)
 
 
+EdgeArrays = tuple[np.ndarray, np.ndarray, np.ndarray]  # (inserts bool, srcs, dsts)
+
+
+def _edge_arrays(batch: ParsedBatch) -> EdgeArrays | None:
+    """The batch's edge operations, in order, as arrays for the kernels (None when none)."""
+    edges = [op for op in batch.ops if op["op"] in ("add_edge", "delete_edge")]
+    if not edges:
+        return None
+    inserts = np.array([op["op"] == "add_edge" for op in edges], dtype=np.bool_)
+    srcs = np.array([op["src"] for op in edges], dtype=np.int64)
+    dsts = np.array([op["dst"] for op in edges], dtype=np.int64)
+    return inserts, srcs, dsts
+
+
 @dataclass(frozen=True)
 class UpdateResult:
     """What an accepted batch produced."""
@@ -112,35 +126,31 @@ class DynamicStore:
 
     def _apply(self, batch: ParsedBatch, seq: int) -> None:
         g, f = self.graph, self.features
+        edges = _edge_arrays(batch)  # built before the lock: readers wait only for the kernels
         self._lock.acquire_write()
         try:
-            for op in batch.ops:
-                kind = op["op"]
-                if kind == "add_edge":
-                    g.add_edge(op["src"], op["dst"])
-                elif kind == "delete_edge":
-                    g.delete_edge(op["src"], op["dst"])
-                elif kind == "add_node":
+            for op in batch.ops:  # node ops first: edges may use the new ids
+                if op["op"] == "add_node":
                     g.add_node()
                     f.append(op["features"])
-                else:
+                elif op["op"] == "upsert_features":
                     f.upsert(op["node"], op["features"])
+            if edges is not None:
+                g.apply_edge_events(*edges)
             g.seq = seq
             if self.presampler is not None:
-                self._report(batch)
+                self._report(batch, edges)
         finally:
             self._lock.release_write()
 
-    def _report(self, batch: ParsedBatch) -> None:
+    def _report(self, batch: ParsedBatch, edges: EdgeArrays | None) -> None:
         """Tell the pre-sampler what changed: new nodes first (edgeless), then edge events."""
         assert self.presampler is not None
         for _ in batch.new_nodes:
             self.presampler.on_add_node()
-        edges = [op for op in batch.ops if op["op"] in ("add_edge", "delete_edge")]
-        if edges:
-            kinds = np.array([INSERT if op["op"] == "add_edge" else DELETE for op in edges])
-            srcs = np.array([op["src"] for op in edges], dtype=np.int64)
-            dsts = np.array([op["dst"] for op in edges], dtype=np.int64)
+        if edges is not None:
+            inserts, srcs, dsts = edges
+            kinds = np.where(inserts, INSERT, DELETE)
             self.presampler.apply_events(kinds, srcs, dsts, self.graph.neighbors)
 
     def compact(self) -> None:
