@@ -37,11 +37,13 @@ bench: $(STAMP)
 	$(BIN)/pip install -q ../shared/wheels/*.whl
 	$(BIN)/python bench/sampling.py
 	$(BIN)/python bench/serving.py
+	$(BIN)/python bench/dynamic.py
 
 bench-quick: $(STAMP)
 	$(BIN)/pip install -q ../shared/wheels/*.whl
 	$(BIN)/python bench/sampling.py --quick
 	$(BIN)/python bench/serving.py --quick
+	$(BIN)/python bench/dynamic.py --quick
 
 clean:
 	rm -rf $(VENV) demo_data .pytest_cache .mypy_cache .ruff_cache
