@@ -249,3 +249,31 @@ def test_bad_input_names_the_field(call, field: str) -> None:
     with pytest.raises(InvalidInputError) as err:
         call(graph)
     assert err.value.field == field
+
+
+def test_draws_depend_only_on_the_vertex_own_events() -> None:
+    """Per-vertex randomness: other vertices' events, interleaved or not, never change v's draws.
+
+    This is what lets DGS sampling workers, each applying only its partition's events, hold
+    bit-identical reservoirs.
+    """
+    n = 80
+    ei = random_simple_graph(n, 900, seed=11)
+    edges = list(zip(ei[0].tolist(), ei[1].tolist(), strict=True))
+    rng = np.random.default_rng(12)
+    events, present = [], list(edges)
+    for _ in range(800):
+        if rng.random() < 0.5:
+            u, v = present.pop(int(rng.integers(len(present))))
+            events.append((DELETE, u, v))
+        else:
+            u, v = (int(x) for x in rng.integers(0, n, 2))
+            present.append((u, v))
+            events.append((INSERT, u, v))
+    full, _, _ = _run(edges, n, events, [4, 2], seed=5, batched=True)
+    for part in range(2):  # vertices v % 2 == part, their events only
+        mine = [e for e in events if e[2] % 2 == part]
+        ps, _, _ = _run(edges, n, mine, [4, 2], seed=5, batched=True)
+        for v in range(part, n, 2):
+            for hop in range(2):
+                np.testing.assert_array_equal(ps.reservoir(v, hop), full.reservoir(v, hop))

@@ -24,6 +24,12 @@ depend on R (the updates come from the outside world). By induction, assume it f
 Sampling from reservoirs is deterministic between updates: two requests with no update in
 between get the same sample (DGS semantics); fresh draws come only from updates.
 
+Randomness is per vertex: every draw of v depends only on (seed, query, v, the number of draws v
+made before), see ``presample_kernels``. ``ReservoirTable`` holds the reservoirs of any set of
+vertices (rows) and applies their events with the same kernels, so a partitioned service (DGS
+sampling workers, ``gnnserve.deploy.dgs``) that applies each vertex's events in order holds
+exactly the reservoirs of a single ``PreSampler`` fed the same event sequence.
+
 Threading: concurrent ``sample`` calls are safe (read-only, own scratch map each); callers
 serialise updates (``on_*``, ``apply_events``) against each other and against ``sample`` (the
 dynamic store holds a readers-writer lock). ``neighbors_of`` must not raise: a failed batch is
@@ -34,6 +40,7 @@ from __future__ import annotations
 
 import queue
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -46,9 +53,11 @@ from gnnserve.types import Block, SampledSubgraph
 NeighborsOf = Callable[[int], np.ndarray]  # v -> v's current in-neighbour ids (after the update)
 INSERT, DELETE = pk.INSERT, pk.DELETE
 CHANGE_COLUMNS = ("query", "vertex", "added", "removed")  # rows returned by the updates; -1 = none
+_MASK = 2**64 - 1
+_IDENTITY = np.empty(0, dtype=np.int64)  # row_of for tables whose row = vertex id
 
 
-def _check_fanouts(fanouts: list[int]) -> list[int]:
+def check_fanouts(fanouts: list[int]) -> list[int]:
     """A non-empty list of positive ints (pre-sampling has no "all neighbours" -1)."""
     if not fanouts:
         raise InvalidInputError("fanouts must list at least one hop", "fanouts")
@@ -58,7 +67,7 @@ def _check_fanouts(fanouts: list[int]) -> list[int]:
     return [int(f) for f in fanouts]
 
 
-def _check_csr(indptr: np.ndarray, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def check_csr(indptr: np.ndarray, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Return (indptr int64, indices) after checking they form an N-node CSR."""
     indptr = np.asarray(indptr, dtype=np.int64)
     indices = np.asarray(indices)
@@ -70,35 +79,135 @@ def _check_csr(indptr: np.ndarray, indices: np.ndarray) -> tuple[np.ndarray, np.
     return indptr, indices
 
 
+@dataclass
+class ReservoirTable:
+    """The reservoirs of a set of vertices, one row per vertex, kept current by its events.
+
+    Memory: 8 bytes per reservoir slot (``table``), per (row, query) count, per row degree and
+    per row draw counter.
+    """
+
+    fans: np.ndarray  # int64 [queries] fanout of each one-hop query
+    cols: np.ndarray  # int64 [queries] first column of query q in ``table``
+    key: np.uint64  # maintenance key, from the seed
+    table: np.ndarray  # int64 [rows_cap, sum(fans)] sampled in-neighbours (global ids), -1 empty
+    counts: np.ndarray  # int64 [rows_cap, queries] filled slots per query
+    deg: np.ndarray  # int64 [rows_cap] current in-degree (edge slots) of each row's vertex
+    draws: np.ndarray  # int64 [rows_cap] maintenance draws each row's vertex has made
+
+    @classmethod
+    def build(
+        cls,
+        indptr: np.ndarray,
+        indices: np.ndarray,
+        gids: np.ndarray,
+        queries: list[int],
+        seed: int,
+    ) -> ReservoirTable:
+        """Reservoirs of CSR rows (row r = vertex ``gids[r]``) for the fanouts ``queries``."""
+        fans = np.array(queries, dtype=np.int64)
+        rows = max(indptr.size - 1, 1)
+        res = cls(
+            fans=fans,
+            cols=np.concatenate([[0], np.cumsum(fans)[:-1]]).astype(np.int64),
+            key=np.uint64((seed * 0x9E3779B97F4A7C15 + 1) & _MASK),
+            table=np.full((rows, int(fans.sum())), -1, dtype=np.int64),
+            counts=np.zeros((rows, fans.size), dtype=np.int64),
+            deg=np.zeros(rows, dtype=np.int64),
+            draws=np.zeros(rows, dtype=np.int64),
+        )
+        gids = np.asarray(gids, dtype=np.int64)
+        seed_key = np.uint64(seed & _MASK)
+        pk.build(indptr, indices, gids, res.cols, fans, seed_key, res.table, res.counts, res.deg)
+        return res
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the table, counts, degrees and draw counters (at current capacity)."""
+        return sum(a.nbytes for a in (self.table, self.counts, self.deg, self.draws))
+
+    def grow(self, rows: int) -> None:
+        """Make room for at least ``rows`` rows (doubling); new rows are empty."""
+        while self.table.shape[0] < rows:
+            self.table = np.concatenate([self.table, np.full_like(self.table, -1)])
+            self.counts = np.concatenate([self.counts, np.zeros_like(self.counts)])
+            self.deg = np.concatenate([self.deg, np.zeros_like(self.deg)])
+            self.draws = np.concatenate([self.draws, np.zeros_like(self.draws)])
+
+    def row(self, r: int, q: int) -> np.ndarray:
+        """Copy of row r's reservoir for query q (int64, in slot order)."""
+        c = int(self.cols[q])
+        return self.table[r, c : c + int(self.counts[r, q])].copy()
+
+    def apply(
+        self,
+        kinds: np.ndarray,
+        srcs: np.ndarray,
+        dsts: np.ndarray,
+        rows: np.ndarray,
+        neighbors_of: NeighborsOf | None,
+    ) -> np.ndarray:
+        """Apply checked events (int64 arrays; ``rows[i]`` = row of dsts[i]) in order.
+
+        ``neighbors_of`` (global id -> in-neighbours after the WHOLE batch) serves delete
+        refills. Returns the changes int64 [k, 4], columns ``CHANGE_COLUMNS``, in event order.
+        """
+        n = kinds.size
+        log = np.empty((n * self.fans.size, 4), dtype=np.int64)
+        n_log = np.zeros(1, dtype=np.int64)
+        tables = (self.table, self.counts, self.deg, self.draws, self.cols, self.fans, self.key)
+        i, q = 0, 0
+        cached: tuple[int, np.ndarray] | None = None
+        by_dst: np.ndarray | None = None
+        while True:
+            i, q = pk.step_events(*tables, kinds, srcs, dsts, rows, i, q, log, n_log)
+            if i >= n:
+                return log[: n_log[0]].copy()
+            if neighbors_of is None:
+                raise InvalidInputError("deletes need neighbors_of", "neighbors_of")
+            if by_dst is None:
+                by_dst = np.argsort(dsts, kind="stable")
+            if cached is None or cached[0] != i:
+                cached = (i, _neighbours_at(i, kinds, srcs, dsts, by_dst, neighbors_of))
+            v, u, r = int(dsts[i]), int(srcs[i]), int(rows[i])
+            pk.resolve_delete(
+                self.table, self.counts, self.draws, self.cols, self.key,
+                q, r, v, u, cached[1], log, n_log,
+            )  # fmt: skip
+            q += 1
+
+
+def to_subgraph(assembled: tuple, hops: int) -> SampledSubgraph:  # type: ignore[type-arg]
+    """The ``SampledSubgraph`` of a successful ``presample_kernels.assemble`` result."""
+    nodes, seed_rows, num_seeds, edges, hop_off, sizes = assembled[:6]
+    layer = sizes.tolist()
+    blocks = [
+        Block(torch.from_numpy(edges[:, hop_off[h] : hop_off[h + 1]]), layer[h + 1], layer[h])
+        for h in range(hops - 1, -1, -1)
+    ]
+    return SampledSubgraph(nodes, blocks, int(num_seeds), seed_rows)
+
+
 class PreSampler:
     """Reservoirs of the installed query ``fanouts`` over an in-neighbour CSR, kept current.
 
     Memory: one int64 table [N_cap, sum of distinct fanouts] (8 bytes per slot) plus int64
-    counts [N_cap, queries] and degrees [N_cap]; capacity doubles when nodes are added. The
-    degrees are tracked here from the events, so the store must report every change it applies.
+    counts [N_cap, queries], degrees and draw counters [N_cap]; capacity doubles when nodes are
+    added. The degrees are tracked here from the events, so the store must report every change
+    it applies.
     """
 
     def __init__(
         self, indptr: np.ndarray, indices: np.ndarray, fanouts: list[int], seed: int = 0
     ) -> None:
-        self.fanouts = _check_fanouts(fanouts)
+        self.fanouts = check_fanouts(fanouts)
         self.queries = list(dict.fromkeys(self.fanouts))  # distinct fanouts, first-seen order
         self.hop_query = np.array([self.queries.index(f) for f in self.fanouts], dtype=np.int64)
-        self._fans = np.array(self.queries, dtype=np.int64)
-        self._cols = np.concatenate([[0], np.cumsum(self._fans)[:-1]]).astype(np.int64)
-        indptr, indices = _check_csr(indptr, indices)
+        indptr, indices = check_csr(indptr, indices)
         self._n = indptr.size - 1
-        cap = max(self._n, 1)
-        self._table = np.full((cap, int(self._fans.sum())), -1, dtype=np.int64)
-        self._counts = np.zeros((cap, len(self.queries)), dtype=np.int64)
-        self._deg = np.zeros(cap, dtype=np.int64)
-        mask = 2**64 - 1
-        self._state = np.array([(seed * 0x9E3779B97F4A7C15 + 1) & mask, 0], dtype=np.uint64)
+        gids = np.arange(self._n, dtype=np.int64)
+        self._res = ReservoirTable.build(indptr, indices, gids, self.queries, seed)
         self._scratch: queue.SimpleQueue[np.ndarray] = queue.SimpleQueue()
-        pk.build(
-            indptr, indices, self._cols, self._fans, np.uint64(seed & mask),
-            self._table, self._counts, self._deg,
-        )  # fmt: skip
 
     @property
     def num_nodes(self) -> int:
@@ -107,24 +216,19 @@ class PreSampler:
 
     @property
     def memory_bytes(self) -> int:
-        """Bytes held by the reservoir table, counts and degrees (at current capacity)."""
-        return self._table.nbytes + self._counts.nbytes + self._deg.nbytes
+        """Bytes held by the reservoir table, counts, degrees and draw counters (capacity)."""
+        return self._res.nbytes
 
     def reservoir(self, v: int, hop: int) -> np.ndarray:
         """Copy of v's current reservoir for hop ``hop`` (int64, min(fanout, degree) entries)."""
         v = int(check_node_ids(np.array([v]), self._n, "v")[0])
         if not 0 <= hop < len(self.fanouts):
             raise InvalidInputError(f"hop {hop} outside [0, {len(self.fanouts)})", "hop")
-        q = int(self.hop_query[hop])
-        c = int(self._cols[q])
-        return self._table[v, c : c + int(self._counts[v, q])].copy()
+        return self._res.row(v, int(self.hop_query[hop]))
 
     def on_add_node(self) -> int:
         """Register a new vertex (id = old num_nodes) with empty reservoirs; returns its id."""
-        if self._n == self._table.shape[0]:
-            self._table = np.concatenate([self._table, np.full_like(self._table, -1)])
-            self._counts = np.concatenate([self._counts, np.zeros_like(self._counts)])
-            self._deg = np.concatenate([self._deg, np.zeros_like(self._deg)])
+        self._res.grow(self._n + 1)
         self._n += 1
         return self._n - 1
 
@@ -153,28 +257,7 @@ class PreSampler:
         kinds, srcs, dsts = self._check_events(kinds, srcs, dsts)
         if neighbors_of is None and np.any(kinds == DELETE):
             raise InvalidInputError("deletes need neighbors_of", "neighbors_of")
-        n = kinds.size
-        log = np.empty((n * len(self.queries), 4), dtype=np.int64)
-        n_log = np.zeros(1, dtype=np.int64)
-        tables = (self._table, self._counts, self._deg, self._cols, self._fans)
-        i, q = 0, 0
-        cached: tuple[int, np.ndarray] | None = None
-        by_dst: np.ndarray | None = None
-        while True:
-            i, q = pk.step_events(*tables, kinds, srcs, dsts, i, q, self._state, log, n_log)
-            if i >= n:
-                return log[: n_log[0]].copy()
-            assert neighbors_of is not None  # checked: deletes are present
-            if by_dst is None:
-                by_dst = np.argsort(dsts, kind="stable")
-            if cached is None or cached[0] != i:
-                nbrs = _neighbours_at(i, kinds, srcs, dsts, by_dst, neighbors_of)
-                cached = (i, nbrs)
-            v, u = int(dsts[i]), int(srcs[i])
-            pk.resolve_delete(
-                self._table, self._counts, self._cols, q, v, u, cached[1], self._state, log, n_log
-            )
-            q += 1
+        return self._res.apply(kinds, srcs, dsts, dsts, neighbors_of)
 
     def _check_events(
         self, kinds: np.ndarray, srcs: np.ndarray, dsts: np.ndarray
@@ -197,7 +280,7 @@ class PreSampler:
                 return local_id
         except queue.Empty:
             pass
-        return np.full(self._table.shape[0], -1, dtype=np.int64)
+        return np.full(self._res.table.shape[0], -1, dtype=np.int64)
 
     def sample(self, seeds: np.ndarray) -> SampledSubgraph:
         """The k-hop sample of ``seeds`` (int64 ids, duplicates allowed) by reservoir look-ups.
@@ -209,18 +292,14 @@ class PreSampler:
         if seeds.size == 0:
             raise InvalidInputError("seeds must not be empty", "seeds")
         local_id = self._borrow_map()
+        res = self._res
         try:
-            nodes, seed_rows, num_seeds, edges, hop_off, sizes = pk.assemble(
-                self._table, self._counts, self._cols, self.hop_query, seeds, local_id
+            out = pk.assemble(
+                res.table, res.counts, res.cols, self.hop_query, seeds, local_id, _IDENTITY
             )
         finally:
             self._scratch.put(local_id)
-        layer = sizes.tolist()
-        blocks = [
-            Block(torch.from_numpy(edges[:, hop_off[h] : hop_off[h + 1]]), layer[h + 1], layer[h])
-            for h in range(len(self.fanouts) - 1, -1, -1)
-        ]
-        return SampledSubgraph(nodes, blocks, int(num_seeds), seed_rows)
+        return to_subgraph(out, len(self.fanouts))
 
 
 def _neighbours_at(

@@ -1,0 +1,114 @@
+"""In-neighbour multisets of a sampling worker's vertices, updated by batches of edge events.
+
+Row r's neighbours live in ``cols[start[r] : start[r] + degree[r]]`` with room for
+``capacity[r]``; an insert into a full row moves it to the end with doubled capacity, a delete
+swaps the last neighbour into the hole (order is irrelevant: refills sort the neighbours).
+Batches are checked before they are applied: a delete of an edge that does not exist at that
+point of the batch rejects the whole batch and leaves the lists as they were.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+from gnnserve.sampling.presample_kernels import INSERT
+
+
+@numba.njit(nogil=True, cache=True)
+def _insert(start, degree, capacity, cols, used, r, u):  # type: ignore[no-untyped-def]
+    """Append u to row r, moving the row when full; returns (cols, used)."""
+    if degree[r] == capacity[r]:
+        new_cap = max(4, 2 * capacity[r])
+        if used + new_cap > cols.shape[0]:
+            grown = np.empty(max(2 * cols.shape[0], used + new_cap), dtype=cols.dtype)
+            grown[:used] = cols[:used]
+            cols = grown
+        lo = start[r]
+        for j in range(degree[r]):
+            cols[used + j] = cols[lo + j]
+        start[r] = used
+        capacity[r] = new_cap
+        used += new_cap
+    cols[start[r] + degree[r]] = u
+    degree[r] += 1
+    return cols, used
+
+
+@numba.njit(nogil=True, cache=True)
+def _delete(start, degree, cols, r, u):  # type: ignore[no-untyped-def]
+    """Remove one u from row r; False when there was none."""
+    lo = start[r]
+    last = lo + degree[r] - 1
+    for p in range(lo, last + 1):
+        if cols[p] == u:
+            cols[p] = cols[last]
+            degree[r] -= 1
+            return True
+    return False
+
+
+@numba.njit(nogil=True, cache=True)
+def _apply(start, degree, capacity, cols, used, kinds, srcs, rows, dry_run):  # type: ignore[no-untyped-def]
+    """Apply events in order; returns (cols, used, first failing event or -1).
+
+    On a failure, or with ``dry_run``, every applied event is undone (in reverse order).
+    """
+    failed = -1
+    done = 0
+    for i in range(kinds.shape[0]):
+        if kinds[i] == INSERT:
+            cols, used = _insert(start, degree, capacity, cols, used, rows[i], srcs[i])
+        elif not _delete(start, degree, cols, rows[i], srcs[i]):
+            failed = i
+            break
+        done = i + 1
+    if failed >= 0 or dry_run:
+        for i in range(done - 1, -1, -1):
+            if kinds[i] == INSERT:
+                _delete(start, degree, cols, rows[i], srcs[i])
+            else:
+                cols, used = _insert(start, degree, capacity, cols, used, rows[i], srcs[i])
+    return cols, used, failed
+
+
+class LocalAdjacency:
+    """Mutable in-neighbour lists of rows 0 .. n-1 (a worker's vertices, row = id - offset).
+
+    Memory: 8 bytes per edge slot plus slack (rows start with capacity degree + 2 + degree/8)
+    and 24 bytes per row.
+    """
+
+    def __init__(self, indptr: np.ndarray, indices: np.ndarray) -> None:
+        degree = np.diff(indptr).astype(np.int64)
+        self.degree = degree
+        self.capacity = degree + 2 + degree // 8
+        self.start = np.concatenate([[0], np.cumsum(self.capacity)[:-1]]).astype(np.int64)
+        self.used = int(self.capacity.sum())
+        self.cols = np.full(max(self.used, 1), -1, dtype=np.int64)
+        dst = np.repeat(np.arange(degree.size), degree)
+        slot = np.arange(dst.size) - np.asarray(indptr, dtype=np.int64)[dst]
+        self.cols[self.start[dst] + slot] = np.asarray(indices, dtype=np.int64)
+
+    def neighbors(self, r: int) -> np.ndarray:
+        """Row r's current in-neighbours (a view; order unspecified)."""
+        lo = int(self.start[r])
+        return self.cols[lo : lo + int(self.degree[r])]
+
+    def check(self, kinds: np.ndarray, srcs: np.ndarray, rows: np.ndarray) -> int:
+        """First event that deletes a missing edge (in batch order), or -1; changes nothing."""
+        return self._run(kinds, srcs, rows, dry_run=True)
+
+    def apply(self, kinds: np.ndarray, srcs: np.ndarray, rows: np.ndarray) -> None:
+        """Apply a checked batch (a failure here would be a bug: it raises RuntimeError)."""
+        failed = self._run(kinds, srcs, rows, dry_run=False)
+        if failed >= 0:
+            raise RuntimeError(f"event {failed} deletes a missing edge in a checked batch")
+
+    def _run(self, kinds: np.ndarray, srcs: np.ndarray, rows: np.ndarray, dry_run: bool) -> int:
+        """Run ``_apply`` and keep its (maybe regrown) column array."""
+        self.cols, self.used, failed = _apply(
+            self.start, self.degree, self.capacity, self.cols, self.used,
+            kinds, srcs, rows, dry_run,
+        )  # fmt: skip
+        return int(failed)
