@@ -158,6 +158,35 @@ def ingestion(store: Path, work: Path, batches: list[list[dict]], duration: floa
     return {"updates_per_s": count / elapsed, "mb_per_s": mb / elapsed}
 
 
+def dgs_ingestion(store: Path, batches: list[list[dict]], n_sampling: int, duration: float) -> dict:
+    """Events/s and MB/s (24 B per event: kind, src, dst) through Ray DGS sampling workers."""
+    from gnnserve.deploy.dgs import DGSService
+    from gnnserve.sampling.presample import DELETE, INSERT
+
+    ops = [op for batch in batches for op in batch]
+    kinds = np.array([INSERT if op["op"] == "add_edge" else DELETE for op in ops])
+    srcs = np.array([op["src"] for op in ops], dtype=np.int64)
+    dsts = np.array([op["dst"] for op in ops], dtype=np.int64)
+    indptr, indices = open_graph_store(store).csr()
+    chunk, applied = 20_000, 0
+    with DGSService(indptr, indices, FANOUTS, n_sampling, 1, seed=0) as service:
+        service.apply_events(kinds[:chunk], srcs[:chunk], dsts[:chunk])  # warm-up
+        start = time.perf_counter()
+        for lo in range(chunk, kinds.size, chunk):
+            if time.perf_counter() - start > duration:
+                break
+            service.apply_events(
+                kinds[lo : lo + chunk], srcs[lo : lo + chunk], dsts[lo : lo + chunk]
+            )
+            applied += min(chunk, kinds.size - lo)
+        elapsed = time.perf_counter() - start
+    return {
+        "sampling_workers": n_sampling,
+        "events_per_s": applied / elapsed,
+        "mb_per_s": applied * 24 / 1e6 / elapsed,
+    }
+
+
 def plot(results: dict, path: Path) -> None:
     """p99 latency against update rate, both modes, one panel per dataset."""
     import matplotlib
@@ -215,6 +244,12 @@ def main() -> None:
                 f"[{name}] ingestion {res['ingestion']['updates_per_s']:.0f} updates/s, "
                 f"{res['ingestion']['mb_per_s']:.2f} MB/s"
             )
+            res["dgs_ingestion"] = [dgs_ingestion(store, batches, k, 2 * duration) for k in (1, 2)]
+            for row in res["dgs_ingestion"]:
+                print(
+                    f"[{name}] DGS {row['sampling_workers']} sampling worker(s): "
+                    f"{row['events_per_s']:.0f} events/s, {row['mb_per_s']:.2f} MB/s"
+                )
             results[name] = res
     out = write_results(
         "dynamic",
@@ -243,6 +278,8 @@ def main() -> None:
             1.2,
             higher_is_better=False,
         )
+        one, two = (r["events_per_s"] for r in res["dgs_ingestion"])
+        targets.check(f"{name}_ingestion_2_over_1_sampling_workers", two / one, 1.5)
     targets.print()
 
 
