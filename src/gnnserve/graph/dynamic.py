@@ -14,39 +14,7 @@ import numba
 import numpy as np
 
 from gnnserve.graph.base import GraphStore
-
-
-@numba.njit(nogil=True, cache=True)
-def _insert(start, degree, capacity, cols, used, u, v):  # type: ignore[no-untyped-def]
-    """Append u to v's segment, moving the segment when full; returns (cols, used)."""
-    if degree[v] == capacity[v]:
-        new_cap = max(4, 2 * capacity[v])
-        if used + new_cap > cols.shape[0]:
-            grown = np.empty(max(2 * cols.shape[0], used + new_cap), dtype=cols.dtype)
-            grown[:used] = cols[:used]
-            cols = grown
-        lo = start[v]
-        for j in range(degree[v]):
-            cols[used + j] = cols[lo + j]
-        start[v] = used
-        capacity[v] = new_cap
-        used += new_cap
-    cols[start[v] + degree[v]] = u
-    degree[v] += 1
-    return cols, used
-
-
-@numba.njit(nogil=True, cache=True)
-def _delete(start, degree, cols, u, v):  # type: ignore[no-untyped-def]
-    """Remove one u from v's segment; returns False when there was none."""
-    lo = start[v]
-    last = lo + degree[v] - 1
-    for p in range(lo, last + 1):
-        if cols[p] == u:
-            cols[p] = cols[last]
-            degree[v] -= 1
-            return True
-    return False
+from gnnserve.graph.segments import segment_delete, segment_insert
 
 
 @numba.njit(nogil=True, cache=True)
@@ -58,11 +26,11 @@ def _apply_events(start, degree, capacity, cols, used, loops, inserts, srcs, dst
     for i in range(srcs.shape[0]):
         u, v = srcs[i], dsts[i]
         if inserts[i]:
-            cols, used = _insert(start, degree, capacity, cols, used, u, v)
+            cols, used = segment_insert(start, degree, capacity, cols, used, v, u)
             if u == v:
                 loops[v] += 1
         else:
-            if not _delete(start, degree, cols, u, v):
+            if not segment_delete(start, degree, cols, v, u):
                 return cols, used, i
             if u == v:
                 loops[v] -= 1
@@ -160,24 +128,6 @@ class DynamicGraph(GraphStore):
         return 1.0 - self._m / max(self.used, 1)
 
     # mutation: callers hold the store's write lock -----------------------------------------
-    def add_edge(self, u: int, v: int) -> None:
-        """Insert u -> v."""
-        cols, self.used = _insert(
-            self.start, self.degree, self.capacity, self.cols, self.used, u, v
-        )
-        if cols is not self.cols:
-            self.cols = cols
-            self._arrays = (self.start, self.degree, cols)
-        self.loops[v] += u == v
-        self._m += 1
-
-    def delete_edge(self, u: int, v: int) -> None:
-        """Remove one u -> v (validated to exist)."""
-        if not _delete(self.start, self.degree, self.cols, u, v):
-            raise KeyError(f"edge {u} -> {v} does not exist")
-        self.loops[v] -= u == v
-        self._m -= 1
-
     def apply_edge_events(self, inserts: np.ndarray, srcs: np.ndarray, dsts: np.ndarray) -> None:
         """Apply validated edge events in one kernel call (inserts: bool, True = add)."""
         cols, self.used, bad = _apply_events(

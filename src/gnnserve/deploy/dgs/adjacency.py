@@ -12,40 +12,8 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from gnnserve.graph.segments import segment_delete, segment_insert
 from gnnserve.sampling.presample_kernels import INSERT
-
-
-@numba.njit(nogil=True, cache=True)
-def _insert(start, degree, capacity, cols, used, r, u):  # type: ignore[no-untyped-def]
-    """Append u to row r, moving the row when full; returns (cols, used)."""
-    if degree[r] == capacity[r]:
-        new_cap = max(4, 2 * capacity[r])
-        if used + new_cap > cols.shape[0]:
-            grown = np.empty(max(2 * cols.shape[0], used + new_cap), dtype=cols.dtype)
-            grown[:used] = cols[:used]
-            cols = grown
-        lo = start[r]
-        for j in range(degree[r]):
-            cols[used + j] = cols[lo + j]
-        start[r] = used
-        capacity[r] = new_cap
-        used += new_cap
-    cols[start[r] + degree[r]] = u
-    degree[r] += 1
-    return cols, used
-
-
-@numba.njit(nogil=True, cache=True)
-def _delete(start, degree, cols, r, u):  # type: ignore[no-untyped-def]
-    """Remove one u from row r; False when there was none."""
-    lo = start[r]
-    last = lo + degree[r] - 1
-    for p in range(lo, last + 1):
-        if cols[p] == u:
-            cols[p] = cols[last]
-            degree[r] -= 1
-            return True
-    return False
 
 
 @numba.njit(nogil=True, cache=True)
@@ -58,17 +26,17 @@ def _apply(start, degree, capacity, cols, used, kinds, srcs, rows, dry_run):  # 
     done = 0
     for i in range(kinds.shape[0]):
         if kinds[i] == INSERT:
-            cols, used = _insert(start, degree, capacity, cols, used, rows[i], srcs[i])
-        elif not _delete(start, degree, cols, rows[i], srcs[i]):
+            cols, used = segment_insert(start, degree, capacity, cols, used, rows[i], srcs[i])
+        elif not segment_delete(start, degree, cols, rows[i], srcs[i]):
             failed = i
             break
         done = i + 1
     if failed >= 0 or dry_run:
         for i in range(done - 1, -1, -1):
             if kinds[i] == INSERT:
-                _delete(start, degree, cols, rows[i], srcs[i])
+                segment_delete(start, degree, cols, rows[i], srcs[i])
             else:
-                cols, used = _insert(start, degree, capacity, cols, used, rows[i], srcs[i])
+                cols, used = segment_insert(start, degree, capacity, cols, used, rows[i], srcs[i])
     return cols, used, failed
 
 
