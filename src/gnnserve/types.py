@@ -77,9 +77,10 @@ class StageTimings:
     total_ms: float = 0.0  # admission to result
     batch_size: int = 0  # unique seeds in the batch this request rode in
 
-    def as_dict(self) -> dict[str, float]:
+    def as_dict(self) -> dict[str, float | int]:
         """Plain dict for JSON responses."""
-        return {k: round(float(v), 4) for k, v in self.__dict__.items()}
+        items = self.__dict__.items()
+        return {k: v if isinstance(v, int) else round(float(v), 4) for k, v in items}
 
 
 @dataclass

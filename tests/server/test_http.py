@@ -22,6 +22,7 @@ def test_predict_answers_with_versions_and_timings(live_server: str) -> None:
     np.testing.assert_array_equal(probs[0], probs[2])
     assert body["model_version"].count("@") == 1 and len(body["graph_version"]) == 32
     assert set(body["timings"]) >= {"queue_ms", "sample_ms", "fetch_ms", "compute_ms", "total_ms"}
+    assert isinstance(body["timings"]["batch_size"], int) and body["timings"]["batch_size"] >= 2
 
 
 def test_labels_and_embeddings_agree_with_probs(live_server: str) -> None:
