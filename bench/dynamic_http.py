@@ -1,0 +1,191 @@
+"""HTTP request latency while the graph changes: `gnnserve serve --update-log`, with and without
+`--presample` (DGS), on fb100_cornell5 and soc_epinions1.
+
+Single-node prediction requests (seeds drawn proportionally to in-degree, so skewed toward hubs)
+arrive open-loop at a fixed rate; at the same time update batches of 100 operations (half edge
+inserts, half deletes of existing edges) are POSTed to /v1/graph/updates at increasing rates.
+Model: random-init GraphSAGE 2 x 64 on 16-dim random features, fanouts [25, 10]. The client
+(this process) shares the machine's cores with the server.
+
+    python bench/dynamic_http.py            # full run (< 10 min)
+    python bench/dynamic_http.py --quick    # smoke run
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import aiohttp
+import numpy as np
+import torch
+
+import gnnserve  # noqa: F401  (first: sets the OpenMP wait policy)
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import Targets, parse_args, save_figure, write_results  # noqa: E402
+from dynamic import BATCH, make_store, update_stream  # noqa: E402
+from gnnserve import loadgen  # noqa: E402
+from gnnserve.demo import free_port, start_server, stop_server, wait_ready  # noqa: E402
+from gnnserve.graph import open_graph_store  # noqa: E402
+from gnnserve.models.checkpoint import save_checkpoint  # noqa: E402
+from gnnserve.models.zoo import GNN, ModelConfig  # noqa: E402
+
+UPDATE_RATES = [0, 1000, 5000]  # updates per second
+REQUEST_RATE = 300.0  # prediction requests per second
+
+
+def make_checkpoint(out: Path) -> Path:
+    """Random-init GraphSAGE for the 16-dim features of ``make_store``."""
+    torch.manual_seed(0)
+    config = ModelConfig(arch="sage", in_dim=16, hidden_dim=64, out_dim=2, num_layers=2)
+    save_checkpoint(out, GNN(config), config, {"note": "random init for bench/dynamic_http.py"})
+    return out
+
+
+async def send_updates(url: str, batches: list[list[dict]], rate: float, duration: float) -> int:
+    """POST batches paced to ``rate`` updates/s for ``duration`` s; returns updates applied."""
+    applied = 0
+    async with aiohttp.ClientSession() as session:
+        start = time.perf_counter()
+        for i, batch in enumerate(batches):
+            due = start + i * BATCH / rate
+            if due - start > duration:
+                break
+            await asyncio.sleep(max(0.0, due - time.perf_counter()))
+            async with session.post(url, json={"ops": batch}) as resp:
+                if resp.status == 200:
+                    applied += len(batch)
+                await resp.read()
+    return applied
+
+
+async def one_cell(
+    base: str, seeds: np.ndarray, batches: list[list[dict]], rate: float, duration: float
+) -> dict[str, float]:
+    """Requests and (when rate > 0) updates together for ``duration`` s."""
+
+    def payload(i: int) -> dict[str, object]:
+        return {"nodes": [int(seeds[i % seeds.size])]}
+
+    requests = loadgen.open_loop(f"{base}/v1/predict", payload, REQUEST_RATE, duration)
+    if rate:
+        report, applied = await asyncio.gather(
+            requests, send_updates(f"{base}/v1/graph/updates", batches, rate, duration)
+        )
+    else:
+        report, applied = await requests, 0
+    row = report.summary()
+    row.update({"offered_update_rate": rate, "achieved_update_rate": applied / duration})
+    return row
+
+
+def run_mode(
+    store: Path,
+    ckpt: Path,
+    work: Path,
+    presample: bool,
+    batches: list[list[dict]],
+    seeds: np.ndarray,
+    duration: float,
+) -> list[dict[str, float]]:
+    """Every update rate on a fresh server (fresh update log) in one mode."""
+    rows = []
+    for rate in UPDATE_RATES:
+        log = work / f"updates-{store.name}-{presample}-{rate}.log"
+        port = free_port()
+        extra = ["--update-log", str(log), "--fsync", "never", "--fanouts", "25,10"]
+        proc = start_server(store, ckpt, port, *extra, *(["--presample"] if presample else []))
+        base = f"http://127.0.0.1:{port}"
+        try:
+            wait_ready(base, proc)
+            asyncio.run(
+                loadgen.closed_loop(
+                    f"{base}/v1/predict", [{"nodes": [int(s)]} for s in seeds[:300]], 8
+                )
+            )
+            rows.append(asyncio.run(one_cell(base, seeds, batches, rate, duration)))
+        finally:
+            stop_server(proc)
+    return rows
+
+
+def plot(results: dict, path: Path) -> None:
+    """p99 against update rate, both modes, one panel per dataset."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(results), figsize=(5 * len(results), 4), squeeze=False)
+    for ax, (name, res) in zip(axes[0], results.items(), strict=True):
+        for mode, rows in res.items():
+            rates = [r["achieved_update_rate"] for r in rows]
+            ax.plot(rates, [r["p99_ms"] for r in rows], "o-", label=f"{mode} p99")
+            ax.plot(rates, [r["p50_ms"] for r in rows], "x--", label=f"{mode} p50")
+        ax.set(
+            title=f"{name}: HTTP, {REQUEST_RATE:.0f} req/s",
+            xlabel="updates/s applied",
+            ylabel="ms per request",
+        )
+        ax.legend(fontsize=8)
+    save_figure(fig, path)
+
+
+def main() -> None:
+    args = parse_args(__doc__, "smoke run: 2 s per cell")
+    duration = 2.0 if args.quick else 6.0
+    results: dict[str, dict] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        ckpt = make_checkpoint(work / "sage")
+        for name in ("fb100_cornell5", "soc_epinions1"):
+            store = make_store(name, work)
+            batches = update_stream(store, int(max(UPDATE_RATES) * duration * 1.2), 1)
+            deg = open_graph_store(store).in_degree().astype(float)
+            seeds = np.random.default_rng(3).choice(deg.size, 20_000, p=deg / deg.sum())
+            results[name] = {}
+            for mode in ("on_demand", "presample"):
+                rows = run_mode(store, ckpt, work, mode == "presample", batches, seeds, duration)
+                results[name][mode] = rows
+                for r in rows:
+                    print(
+                        f"[{name}] {mode:9s} updates {r['achieved_update_rate']:6.0f}/s  "
+                        f"p50 {r['p50_ms']:.2f} ms  p99 {r['p99_ms']:.2f} ms  "
+                        f"ok {r['ok']} errors {r['errors']}"
+                    )
+    out = write_results(
+        "dynamic_http",
+        {
+            "request_rate": REQUEST_RATE,
+            "batch": BATCH,
+            "update_rates": UPDATE_RATES,
+            "quick": args.quick,
+            "results": results,
+        },
+    )
+    plot(results, out.with_suffix(".png"))
+    print(f"wrote {out} and {out.with_suffix('.png')}")
+    targets = Targets()
+    for name, res in results.items():
+        demand, pre = res["on_demand"], res["presample"]
+        targets.check(
+            f"{name}_http_presample_p99_over_on_demand",
+            pre[0]["p99_ms"] / demand[0]["p99_ms"],
+            1 / 3,
+            higher_is_better=False,
+        )
+        targets.check(
+            f"{name}_http_presample_p99_at_top_rate_over_idle",
+            pre[-1]["p99_ms"] / pre[0]["p99_ms"],
+            1.2,
+            higher_is_better=False,
+        )
+    targets.print()
+
+
+if __name__ == "__main__":
+    main()
