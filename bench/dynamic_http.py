@@ -26,8 +26,8 @@ import torch
 import gnnserve  # noqa: F401  (first: sets the OpenMP wait policy)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import Targets, parse_args, save_figure, write_results  # noqa: E402
-from dynamic import BATCH, make_store, update_stream  # noqa: E402
+from common import Targets, parse_args, write_results  # noqa: E402
+from dynamic import BATCH, check_latency_targets, make_store, plot_latency, update_stream  # noqa: E402
 from gnnserve import loadgen  # noqa: E402
 from gnnserve.demo import free_port, start_server, stop_server, wait_ready  # noqa: E402
 from gnnserve.graph import open_graph_store  # noqa: E402
@@ -113,28 +113,6 @@ def run_mode(
     return rows
 
 
-def plot(results: dict, path: Path) -> None:
-    """p99 against update rate, both modes, one panel per dataset."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, len(results), figsize=(5 * len(results), 4), squeeze=False)
-    for ax, (name, res) in zip(axes[0], results.items(), strict=True):
-        for mode, rows in res.items():
-            rates = [r["achieved_update_rate"] for r in rows]
-            ax.plot(rates, [r["p99_ms"] for r in rows], "o-", label=f"{mode} p99")
-            ax.plot(rates, [r["p50_ms"] for r in rows], "x--", label=f"{mode} p50")
-        ax.set(
-            title=f"{name}: HTTP, {REQUEST_RATE:.0f} req/s",
-            xlabel="updates/s applied",
-            ylabel="ms per request",
-        )
-        ax.legend(fontsize=8)
-    save_figure(fig, path)
-
-
 def main() -> None:
     args = parse_args(__doc__, "smoke run: 2 s per cell")
     duration = 2.0 if args.quick else 6.0
@@ -167,23 +145,12 @@ def main() -> None:
             "results": results,
         },
     )
-    plot(results, out.with_suffix(".png"))
+    title = f"HTTP, {REQUEST_RATE:.0f} req/s"
+    plot_latency(results, out.with_suffix(".png"), title, "achieved_update_rate")
     print(f"wrote {out} and {out.with_suffix('.png')}")
     targets = Targets()
     for name, res in results.items():
-        demand, pre = res["on_demand"], res["presample"]
-        targets.check(
-            f"{name}_http_presample_p99_over_on_demand",
-            pre[0]["p99_ms"] / demand[0]["p99_ms"],
-            1 / 3,
-            higher_is_better=False,
-        )
-        targets.check(
-            f"{name}_http_presample_p99_at_top_rate_over_idle",
-            pre[-1]["p99_ms"] / pre[0]["p99_ms"],
-            1.2,
-            higher_is_better=False,
-        )
+        check_latency_targets(targets, f"{name}_http", res)
     targets.print()
 
 
