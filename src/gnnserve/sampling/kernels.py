@@ -128,6 +128,21 @@ def reset_map(local_id: np.ndarray, nodes: np.ndarray, n_nodes: int) -> None:
         local_id[nodes[i]] = -1
 
 
+@numba.njit(inline="always")
+def reserve(edges, nodes, start, n_nodes, extra):  # type: ignore[no-untyped-def]
+    """Grow ``edges`` (kept: [:, :start]) and ``nodes`` (kept: [:n_nodes]) for ``extra`` more."""
+    need = start + extra
+    if need > edges.shape[1]:
+        grown = np.empty((2, max(need, 2 * edges.shape[1])), dtype=np.int64)
+        grown[:, :start] = edges[:, :start]
+        edges = grown
+    if n_nodes + extra > nodes.shape[0]:
+        bigger = np.empty(n_nodes + extra + nodes.shape[0], dtype=np.int64)
+        bigger[:n_nodes] = nodes[:n_nodes]
+        nodes = bigger
+    return edges, nodes
+
+
 @numba.njit(nogil=True, cache=True)
 def sample_inline(row_start, degree, indices, seeds, fanouts, seed, local_id):  # type: ignore[no-untyped-def]
     """Whole k-hop sample in one serial call: the low-latency path for small batches.
@@ -149,14 +164,7 @@ def sample_inline(row_start, degree, indices, seeds, fanouts, seed, local_id):  
         offsets = hop_counts(degree, frontier, fanouts[hop])
         start = hop_offsets[hop]
         need = start + offsets[-1]
-        if need > edges.shape[1]:
-            grown = np.empty((2, max(need, 2 * edges.shape[1])), dtype=np.int64)
-            grown[:, :start] = edges[:, :start]
-            edges = grown
-        if n_nodes + offsets[-1] > nodes.shape[0]:
-            bigger = np.empty(n_nodes + offsets[-1] + nodes.shape[0], dtype=np.int64)
-            bigger[:n_nodes] = nodes[:n_nodes]
-            nodes = bigger
+        edges, nodes = reserve(edges, nodes, start, n_nodes, offsets[-1])
         view = edges[:, start:need]
         draw_serial(row_start, degree, indices, frontier, offsets, seed, hop, view)
         n_nodes = relabel(view, nodes, n_nodes, local_id)

@@ -43,12 +43,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 
 from gnnserve.data.validate import check_node_ids
 from gnnserve.errors import InvalidInputError
 from gnnserve.sampling import presample_kernels as pk
-from gnnserve.types import Block, SampledSubgraph
+from gnnserve.sampling import sampler
+from gnnserve.sampling.sampler import to_subgraph
+from gnnserve.types import SampledSubgraph
 
 NeighborsOf = Callable[[int], np.ndarray]  # v -> v's current in-neighbour ids (after the update)
 INSERT, DELETE = pk.INSERT, pk.DELETE
@@ -59,12 +60,10 @@ _IDENTITY = np.empty(0, dtype=np.int64)  # row_of for tables whose row = vertex 
 
 def check_fanouts(fanouts: list[int]) -> list[int]:
     """A non-empty list of positive ints (pre-sampling has no "all neighbours" -1)."""
-    if not fanouts:
-        raise InvalidInputError("fanouts must list at least one hop", "fanouts")
-    for f in fanouts:
-        if isinstance(f, bool) or int(f) != f or f <= 0:
-            raise InvalidInputError(f"pre-sampling fanout {f!r} invalid: use ints > 0", "fanouts")
-    return [int(f) for f in fanouts]
+    checked = sampler.check_fanouts(fanouts)
+    if -1 in checked:
+        raise InvalidInputError("pre-sampling fanout -1 invalid: use ints > 0", "fanouts")
+    return checked
 
 
 def check_csr(indptr: np.ndarray, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -175,17 +174,6 @@ class ReservoirTable:
                 q, r, v, u, cached[1], log, n_log,
             )  # fmt: skip
             q += 1
-
-
-def to_subgraph(assembled: tuple, hops: int) -> SampledSubgraph:  # type: ignore[type-arg]
-    """The ``SampledSubgraph`` of a successful ``presample_kernels.assemble`` result."""
-    nodes, seed_rows, num_seeds, edges, hop_off, sizes = assembled[:6]
-    layer = sizes.tolist()
-    blocks = [
-        Block(torch.from_numpy(edges[:, hop_off[h] : hop_off[h + 1]]), layer[h + 1], layer[h])
-        for h in range(hops - 1, -1, -1)
-    ]
-    return SampledSubgraph(nodes, blocks, int(num_seeds), seed_rows)
 
 
 class PreSampler:

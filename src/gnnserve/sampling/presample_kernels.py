@@ -18,7 +18,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from gnnserve.sampling.kernels import relabel, reset_map, row_key, unique_seeds
+from gnnserve.sampling.kernels import relabel, reserve, reset_map, row_key, unique_seeds
 
 INSERT = 0  # event kind: edge src -> dst added
 DELETE = 1  # event kind: edge src -> dst removed
@@ -218,14 +218,7 @@ def assemble(table, counts, cols, hop_query, seeds, local_id, row_of):  # type: 
         if missing >= 0:
             break
         need = start + total
-        if need > edges.shape[1]:
-            grown = np.empty((2, max(need, 2 * edges.shape[1])), dtype=np.int64)
-            grown[:, :start] = edges[:, :start]
-            edges = grown
-        if n_nodes + total > nodes.shape[0]:
-            bigger = np.empty(n_nodes + total + nodes.shape[0], dtype=np.int64)
-            bigger[:n_nodes] = nodes[:n_nodes]
-            nodes = bigger
+        edges, nodes = reserve(edges, nodes, start, n_nodes, total)
         e = start
         for i in range(n_nodes):
             r = _row(row_of, nodes[i])

@@ -42,6 +42,18 @@ def parse_fanouts(text: str | None, flag: str = "--fanouts") -> list[int] | None
         ) from None
 
 
+def to_subgraph(assembled: tuple, hops: int) -> SampledSubgraph:  # type: ignore[type-arg]
+    """The ``SampledSubgraph`` of a one-call kernel result (``kernels.sample_inline`` or
+    ``presample_kernels.assemble``): blocks sliced from its edges, input layer first."""
+    nodes, seed_rows, num_seeds, edges, hop_off, sizes = assembled[:6]
+    layer = sizes.tolist()
+    blocks = [
+        Block(torch.from_numpy(edges[:, hop_off[h] : hop_off[h + 1]]), layer[h + 1], layer[h])
+        for h in range(hops - 1, -1, -1)
+    ]
+    return SampledSubgraph(nodes, blocks, int(num_seeds), seed_rows)
+
+
 class NeighborSampler:
     """Uniform k-hop sampling without replacement over a GraphStore.
 
@@ -121,15 +133,10 @@ class NeighborSampler:
     ) -> SampledSubgraph:
         """Latency path: one serial numba call builds every hop."""
         row_start, degree, indices = self.graph.adjacency()
-        nodes, seed_rows, num_seeds, edges, hop_off, layer_sizes = kernels.sample_inline(
+        out = kernels.sample_inline(
             row_start, degree, indices, seeds, self._fanout_array, key, local_id
         )
-        sizes = layer_sizes.tolist()
-        blocks = [
-            Block(torch.from_numpy(edges[:, hop_off[h] : hop_off[h + 1]]), sizes[h + 1], sizes[h])
-            for h in range(len(self.fanouts) - 1, -1, -1)
-        ]
-        return SampledSubgraph(nodes, blocks, int(num_seeds), seed_rows)
+        return to_subgraph(out, len(self.fanouts))
 
     def _sample_by_hop(
         self, seeds: np.ndarray, key: np.uint64, local_id: np.ndarray
