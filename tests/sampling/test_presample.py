@@ -14,8 +14,8 @@ from gnnserve.errors import InvalidInputError
 from gnnserve.graph import open_graph_store
 from gnnserve.sampling import NeighborSampler
 from gnnserve.sampling.presample import DELETE, INSERT, PreSampler
-from gnnserve.types import SampledSubgraph
 from tests.conftest import random_simple_graph
+from tests.sampling.checks import check_sample, edge_set
 
 
 class ListGraph:
@@ -139,27 +139,6 @@ def test_batched_events_equal_single_events() -> None:
             np.testing.assert_array_equal(single.reservoir(v, hop), batch.reservoir(v, hop))
 
 
-def _check_sample(
-    sg: SampledSubgraph, seeds: np.ndarray, fanouts: list[int], edges: set, deg: np.ndarray
-) -> None:
-    """Edges exist, per-destination count = min(deg, f), no duplicates, seeds map right."""
-    assert sg.num_seeds == len(np.unique(seeds))
-    np.testing.assert_array_equal(sg.nodes[sg.seed_rows], seeds)
-    assert len(sg.blocks) == len(fanouts)
-    assert len(np.unique(sg.nodes)) == sg.nodes.size
-    for block, fanout in zip(reversed(sg.blocks), fanouts, strict=True):
-        src, dst = block.edge_index.numpy()
-        assert src.size == 0 or (src.max() < block.n_src and dst.max() < block.n_dst)
-        pairs = zip(sg.nodes[src].tolist(), sg.nodes[dst].tolist(), strict=True)
-        assert all(e in edges for e in pairs)
-        counts = np.bincount(dst, minlength=block.n_dst)
-        np.testing.assert_array_equal(counts, np.minimum(deg[sg.nodes[: block.n_dst]], fanout))
-        keys = dst.astype(np.int64) * block.n_src + src
-        assert len(np.unique(keys)) == keys.size, "a neighbour drawn twice for one destination"
-    for outer, inner in zip(sg.blocks, sg.blocks[1:], strict=False):
-        assert outer.n_dst == inner.n_src
-
-
 @pytest.mark.parametrize("fanouts", [[5, 3], [4, 4], [3, 2, 3]])
 def test_samples_hold_only_current_edges(fanouts: list[int]) -> None:
     n = 300
@@ -189,7 +168,7 @@ def test_samples_hold_only_current_edges(fanouts: list[int]) -> None:
         assert ps.num_nodes == len(g.nbrs)
         deg = np.array([len(us) for us in g.nbrs])
         seeds = rng.integers(0, len(g.nbrs), 40)
-        _check_sample(ps.sample(seeds), seeds, fanouts, edges, deg)
+        check_sample(ps.sample(seeds), seeds, fanouts, edges, deg)
     for v in range(len(g.nbrs)):
         _check_reservoir(ps, g, v)
 
@@ -214,12 +193,11 @@ def test_add_node_grows_capacity() -> None:
 def test_static_graph_matches_neighbor_sampler_guarantees(small_store: Path, fanouts) -> None:
     graph = open_graph_store(small_store)
     indptr, indices = graph.csr()
-    dst = np.repeat(np.arange(graph.num_nodes), np.diff(indptr))
-    edges = set(zip(np.asarray(indices).tolist(), dst.tolist(), strict=True))
+    edges = edge_set(graph)
     deg = graph.in_degree()
     seeds = np.random.default_rng(2).integers(0, graph.num_nodes, 64)
     sg = PreSampler(indptr, indices, fanouts, seed=1).sample(seeds)
-    _check_sample(sg, seeds, fanouts, edges, deg)
+    check_sample(sg, seeds, fanouts, edges, deg)
     ref = NeighborSampler(graph, fanouts, seed=1).sample(seeds)
     np.testing.assert_array_equal(ref.seed_rows, sg.seed_rows)
     assert [b.n_dst for b in ref.blocks][-1] == sg.blocks[-1].n_dst

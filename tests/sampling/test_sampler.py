@@ -12,43 +12,19 @@ from gnnserve.data.writer import GraphData, write_store
 from gnnserve.errors import InvalidInputError
 from gnnserve.graph import open_graph_store
 from gnnserve.sampling import NeighborSampler
-
-
-def _edge_set(graph) -> set[tuple[int, int]]:
-    indptr, indices = graph.csr()
-    dst = np.repeat(np.arange(graph.num_nodes), np.diff(indptr))
-    return set(zip(np.asarray(indices).tolist(), dst.tolist(), strict=True))
+from tests.sampling.checks import check_sample, edge_set
 
 
 @pytest.mark.parametrize("backend", ["memory", "mmap"])
 @pytest.mark.parametrize("fanouts", [[5, 3], [10], [-1, 4], [3, 3, 3]])
 def test_blocks_hold_only_graph_edges_within_fanout(small_store: Path, backend, fanouts) -> None:
     graph = open_graph_store(small_store, backend)
-    edges = _edge_set(graph)
+    edges = edge_set(graph)
     deg = graph.in_degree()
     sampler = NeighborSampler(graph, fanouts, seed=1)
     seeds = np.random.default_rng(2).integers(0, graph.num_nodes, 64)
     sg = sampler.sample(seeds)
-    assert sg.num_seeds == len(np.unique(seeds))
-    np.testing.assert_array_equal(sg.nodes[sg.seed_rows], seeds)
-    assert len(sg.blocks) == len(fanouts)
-    assert len(np.unique(sg.nodes)) == sg.nodes.size
-    # blocks are input-first; their hops are nearest-first in `fanouts`
-    for block, fanout in zip(reversed(sg.blocks), fanouts, strict=True):
-        src, dst = block.edge_index.numpy()
-        assert src.max() < block.n_src and dst.max() < block.n_dst
-        g_src, g_dst = sg.nodes[src], sg.nodes[dst]
-        assert all(e in edges for e in zip(g_src.tolist(), g_dst.tolist(), strict=True))
-        counts = np.bincount(dst, minlength=block.n_dst)
-        want = deg[sg.nodes[: block.n_dst]]
-        if fanout > 0:
-            want = np.minimum(want, fanout)
-        np.testing.assert_array_equal(counts, want)
-        pairs = dst.astype(np.int64) * block.n_src + src
-        assert len(np.unique(pairs)) == pairs.size, "a neighbour drawn twice for one seed"
-    # layering: each block's destinations are the next block's sources
-    for outer, inner in zip(sg.blocks, sg.blocks[1:], strict=False):
-        assert outer.n_dst == inner.n_src
+    check_sample(sg, seeds, fanouts, edges, deg)
 
 
 def test_full_fanout_returns_whole_neighbourhood(small_store: Path) -> None:
