@@ -80,3 +80,10 @@ class ReadOnlyStoreError(GnnServeError):
 
     http_status = 409
     kind = "read_only_store"
+
+
+class StaleEmbeddingsError(GnnServeError):
+    """Precomputed embeddings do not belong to the served model or graph version."""
+
+    http_status = 409
+    kind = "stale_embeddings"

@@ -30,6 +30,24 @@ class InferenceRequest:
 
 
 @dataclass(frozen=True)
+class NewNodes:
+    """Nodes the model has never seen, sent with a request: their features and their edges.
+
+    New node ``i`` (0-based, in ``features`` order) takes the global id ``num_nodes + i`` inside a
+    computation graph. Every edge is undirected: it is added in both directions.
+    """
+
+    features: torch.Tensor  # float32 [m, F]: one row per new node, F = the store's feature width
+    edges: np.ndarray  # int64 [E, 2]: (new node index, existing node id)
+    new_edges: np.ndarray  # int64 [E2, 2]: (new node index, new node index); may be [0, 2]
+
+    @property
+    def count(self) -> int:
+        """m: number of new nodes."""
+        return int(self.features.size(0))
+
+
+@dataclass(frozen=True)
 class Block:
     """A bipartite message-flow graph for one layer.
 

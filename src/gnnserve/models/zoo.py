@@ -171,6 +171,19 @@ class GNN(torch.nn.Module):
             return out + conv.bias if conv.bias is not None else out
         return conv((h, h[: block.n_dst]), block.edge_index, size=size)
 
+    def layer_forward(
+        self, index: int, h: torch.Tensor, block: Block, in_degree: torch.Tensor
+    ) -> torch.Tensor:
+        """Layer ``index`` (0-based) over one block, ReLU after every layer but the last.
+
+        ``h``: float32 [block.n_src, width] inputs in local order (destinations first);
+        ``in_degree``: float32 [block.n_src] in-degrees of the same nodes, self loops not counted
+        (GCN only). Returns [block.n_dst, out width]. The building block of layer-wise inference
+        with precomputed embeddings, where each layer's inputs are assembled from several sources.
+        """
+        h = self._layer(self.convs[index], self._drop(h), block, in_degree)
+        return F.relu(h) if index < len(self.convs) - 1 else h
+
     def forward_blocks(
         self, x: torch.Tensor, blocks: Sequence[Block], in_degree: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:

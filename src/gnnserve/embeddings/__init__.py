@@ -1,0 +1,1 @@
+"""Precomputed layer embeddings (PEs) and selective recomputation for new-node queries (OMEGA)."""
