@@ -27,6 +27,7 @@ from gnnserve.graph.dynamic import DynamicGraph
 from gnnserve.graph.rwlock import ReadWriteLock
 from gnnserve.graph.updates import ParsedBatch, parse_batch
 from gnnserve.graph.wal import FsyncPolicy, UpdateLog, replay
+from gnnserve.graph.warmup import warm_up_updates
 from gnnserve.sampling.presample import DELETE, INSERT, PreSampler
 
 log = logging.getLogger(__name__)
@@ -82,9 +83,11 @@ class DynamicStore:
         self._stop = threading.Event()
         self._compactor = threading.Thread(target=self._compact_loop, daemon=True)
         self._compactor.start()
+        warm_up_updates()  # before serving: the first real update must not wait on numba JIT
 
     def attach(self, presampler: PreSampler) -> None:
         """Keep ``presampler``'s reservoirs current: every applied batch is reported to it."""
+        warm_up_updates(presampler.fanouts)
         self.presampler = presampler
 
     def _acquire_read(self) -> str:
