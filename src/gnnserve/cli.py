@@ -1,4 +1,4 @@
-"""The ``gnnserve`` command: prepare | train | serve | bench | demo."""
+"""The ``gnnserve`` command: prepare | train | precompute | serve | bench | demo."""
 
 from __future__ import annotations
 
@@ -132,6 +132,7 @@ def _lazy(module: str, attr: str) -> Callable[..., object]:
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with one sub-command per job."""
     from gnnserve.data import prepare
+    from gnnserve.embeddings import precompute
     from gnnserve.models import train
 
     parser = argparse.ArgumentParser(prog="gnnserve", description=__doc__)
@@ -143,6 +144,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("train", help="train a model on a store and write a checkpoint")
     train.add_arguments(p)
     p.set_defaults(func=train.run)
+    p = sub.add_parser("precompute", help="write every layer's embeddings of a checkpoint")
+    precompute.add_arguments(p)
+    p.set_defaults(func=precompute.run)
     p = sub.add_parser("serve", help="serve a checkpoint over HTTP")
     _serve_arguments(p)
     p.set_defaults(func=run_serve)
