@@ -71,3 +71,35 @@ def make_checkpoint(store: Path, out: Path, arch: str = "sage", seed: int = 0) -
 def small_ckpt(small_store: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Random-init GraphSAGE checkpoint for ``small_store``."""
     return make_checkpoint(small_store, tmp_path_factory.mktemp("ckpt") / "sage")
+
+
+def write_embeddings(store: Path, ckpt: Path, out: Path, model_version: str | None = None) -> Path:
+    """Precompute the PEs of ``ckpt`` on ``store`` into ``out`` (other ``model_version``: stale)."""
+    from gnnserve.embeddings.precompute import precompute_embeddings
+    from gnnserve.features import open_feature_store
+    from gnnserve.graph import open_graph_store
+    from gnnserve.models.checkpoint import load_checkpoint
+
+    loaded = load_checkpoint(ckpt)
+    precompute_embeddings(
+        loaded.model,
+        open_graph_store(store),
+        open_feature_store(store),
+        model_version=model_version or loaded.version,
+        out_dir=out,
+        progress=False,
+    )
+    return out
+
+
+@pytest.fixture(scope="session")
+def pe_store(small_store: Path, small_ckpt: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A copy of ``small_store`` holding the PEs of ``small_ckpt`` in its default directory."""
+    import shutil
+
+    from gnnserve.embeddings.stores import default_embeddings_dir
+
+    store = tmp_path_factory.mktemp("pe_store") / "small"
+    shutil.copytree(small_store, store)
+    write_embeddings(store, small_ckpt, default_embeddings_dir(store, small_ckpt))
+    return store

@@ -12,8 +12,8 @@ import httpx
 import numpy as np
 import pytest
 
-from gnnserve.cli import main
-from gnnserve.demo import free_port, start_server, wait_ready
+from gnnserve.cli import build_parser, main, serve_config
+from gnnserve.demo import free_port, start_server, stop_server, wait_ready
 
 
 def test_prepare_rejects_bad_input_with_a_message(tmp_path: Path, capsys) -> None:
@@ -107,3 +107,43 @@ def test_console_script_help() -> None:
     ).stdout
     for command in ("prepare", "train", "serve", "bench", "demo"):
         assert command in out
+
+
+def test_serve_flags_map_to_the_embeddings_config() -> None:
+    args = build_parser().parse_args(
+        ["serve", "--store", "s", "--model", "m", "--embeddings", "pes", "--gamma", "0.3"]
+        + ["--policy", "random", "--new-node-mode", "full", "--embeddings-backend", "mmap"]
+        + ["--max-new-nodes", "7"]
+    )
+    emb = serve_config(args).embeddings
+    assert (emb.path, emb.gamma, emb.policy, emb.mode) == ("pes", 0.3, "random", "full")
+    assert (emb.backend, emb.max_new_nodes) == ("mmap", 7)
+    defaults = serve_config(build_parser().parse_args(["serve"])).embeddings
+    assert (defaults.path, defaults.gamma, defaults.mode) == ("", 0.1, "srpe")
+
+
+def test_serve_rejects_bad_new_node_flags(capsys) -> None:
+    assert main(["serve", "--store", "s", "--model", "m", "--gamma", "2"]) == 2
+    assert "embeddings.gamma" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_precompute_then_serve_new_nodes(small_store: Path, small_ckpt: Path, tmp_path) -> None:
+    pes = tmp_path / "pes"
+    argv = ["precompute", "--store", str(small_store), "--model", str(small_ckpt)]
+    assert main([*argv, "--out", str(pes), "--no-progress"]) == 0
+    port = free_port()
+    flags = ["--embeddings", str(pes), "--new-node-mode", "srpe", "--gamma", "1"]
+    proc = start_server(small_store, small_ckpt, port, *flags, "--policy", "random")
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_ready(base, proc)
+        new_nodes = {"features": [[0.1] * 16, [0.2] * 16], "edges": [[0, 3], [1, 4], [1, 3]]}
+        r = httpx.post(f"{base}/v1/predict", json={"new_nodes": new_nodes}, timeout=30)
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert (body["mode"], body["gamma"], body["policy"]) == ("srpe", 1.0, "random")
+        assert body["num_candidates"] == body["recomputed"] == 2
+        assert len(body["predictions"]) == 2
+    finally:
+        assert stop_server(proc) == 0

@@ -46,3 +46,33 @@ def test_unreadable_yaml(tmp_path: Path) -> None:
         ServeConfig.load(tmp_path / "bad.yaml")
     with pytest.raises(InvalidInputError, match="cannot read config"):
         ServeConfig.load(tmp_path / "missing.yaml")
+
+
+def test_embeddings_defaults_and_choices_match_the_registries() -> None:
+    from typing import get_args
+
+    from gnnserve.config import NewNodeMode, NewNodePolicy
+    from gnnserve.embeddings.policies import POLICIES
+    from gnnserve.embeddings.srpe import MODES
+
+    emb = ServeConfig.load(None).embeddings
+    assert (emb.path, emb.backend, emb.mode, emb.gamma) == ("", "memory", "srpe", 0.1)
+    assert (emb.policy, emb.max_new_nodes) == ("query_edges_ratio", 1024)
+    assert sorted(get_args(NewNodeMode)) == sorted(MODES.names())
+    assert sorted(get_args(NewNodePolicy)) == sorted(POLICIES.names())
+
+
+@pytest.mark.parametrize(
+    ("override", "field"),
+    [
+        ({"embeddings.gamma": 1.5}, "embeddings.gamma"),
+        ({"embeddings.mode": "exact"}, "embeddings.mode"),
+        ({"embeddings.policy": "best"}, "embeddings.policy"),
+        ({"embeddings.backend": "disk"}, "embeddings.backend"),
+        ({"embeddings.max_new_nodes": 0}, "embeddings.max_new_nodes"),
+    ],
+)
+def test_bad_embeddings_config_names_the_field(override: dict[str, object], field: str) -> None:
+    with pytest.raises(InvalidInputError) as info:
+        ServeConfig.load(None, **override)
+    assert info.value.field == field

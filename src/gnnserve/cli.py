@@ -9,8 +9,12 @@ import logging
 import signal
 import sys
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from gnnserve.errors import GnnServeError
+
+if TYPE_CHECKING:
+    from gnnserve.config import ServeConfig
 
 
 def _serve_arguments(p: argparse.ArgumentParser) -> None:
@@ -40,18 +44,31 @@ def _serve_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="DGS pre-sampling: keep reservoirs for --fanouts, updated on every graph update",
     )
+    p.add_argument(
+        "--embeddings",
+        default=None,
+        help="precomputed embeddings for new-node requests (gnnserve precompute); default: "
+        "<store>/embeddings/<model name> when it exists",
+    )
+    p.add_argument("--embeddings-backend", default=None, help="memory | mmap")
+    p.add_argument(
+        "--new-node-mode", default=None, help="default new-node mode: srpe | full | ns | pe"
+    )
+    p.add_argument("--gamma", type=float, default=None, help="default SRPE gamma in [0, 1]")
+    p.add_argument(
+        "--policy",
+        default=None,
+        help="default SRPE policy: query_edges_ratio | importance | random | oracle",
+    )
+    p.add_argument("--max-new-nodes", type=int, default=None, help="new nodes per request")
 
 
-def run_serve(args: argparse.Namespace) -> int:
-    """Load the store and model, then serve HTTP until SIGINT/SIGTERM (graceful)."""
-    import uvicorn
-
+def serve_config(args: argparse.Namespace) -> ServeConfig:
+    """The ServeConfig of ``gnnserve serve``: ``--config`` YAML, then the flags given."""
     from gnnserve.config import ServeConfig
-    from gnnserve.engine.loader import build_engine
     from gnnserve.sampling.sampler import parse_fanouts
-    from gnnserve.server.app import create_app
 
-    config = ServeConfig.load(
+    return ServeConfig.load(
         args.config,
         **{
             "store.path": args.store,
@@ -70,8 +87,24 @@ def run_serve(args: argparse.Namespace) -> int:
             "store.update_log": args.update_log,
             "store.fsync": args.fsync,
             "sampler.presample": args.presample,
+            "embeddings.path": args.embeddings,
+            "embeddings.backend": args.embeddings_backend,
+            "embeddings.mode": args.new_node_mode,
+            "embeddings.gamma": args.gamma,
+            "embeddings.policy": args.policy,
+            "embeddings.max_new_nodes": args.max_new_nodes,
         },
     )
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    """Load the store and model, then serve HTTP until SIGINT/SIGTERM (graceful)."""
+    import uvicorn
+
+    from gnnserve.engine.loader import build_engine
+    from gnnserve.server.app import create_app
+
+    config = serve_config(args)
     engine = build_engine(config)
     app = create_app(engine, config.server.model_name)
     s = config.server

@@ -69,6 +69,23 @@ class AdmissionConfig(_Strict):
     timeout_s: float = Field(30.0, gt=0)  # queue deadline per request
 
 
+NewNodeMode = Literal["srpe", "full", "ns", "pe"]  # gnnserve.embeddings.srpe.MODES
+NewNodePolicy = Literal["query_edges_ratio", "importance", "random", "oracle"]  # policies.POLICIES
+
+
+class EmbeddingsConfig(_Strict):
+    """New-node requests (OMEGA): the precomputed embeddings (PEs) and the default options."""
+
+    # PE directory written by `gnnserve precompute`; "" = <store>/embeddings/<checkpoint name>
+    # when that exists (a stale one is then refused per request, not at start-up)
+    path: str = ""
+    backend: Literal["memory", "mmap"] = "memory"  # EMBEDDING_STORES name
+    mode: NewNodeMode = "srpe"  # default mode of a new-node request
+    gamma: float = Field(0.1, ge=0.0, le=1.0)  # default share of candidates recomputed (srpe)
+    policy: NewNodePolicy = "query_edges_ratio"  # default choice of the recomputed candidates
+    max_new_nodes: int = Field(1024, ge=1)  # new nodes per request before 413
+
+
 class ServerConfig(_Strict):
     """HTTP front end."""
 
@@ -87,6 +104,7 @@ class ServeConfig(_Strict):
     batcher: BatcherConfig = BatcherConfig()
     admission: AdmissionConfig = AdmissionConfig()
     compute: ComputeConfig = ComputeConfig()
+    embeddings: EmbeddingsConfig = EmbeddingsConfig()
     server: ServerConfig = ServerConfig()
 
     @classmethod

@@ -87,3 +87,10 @@ class StaleEmbeddingsError(GnnServeError):
 
     http_status = 409
     kind = "stale_embeddings"
+
+
+class MissingEmbeddingsError(GnnServeError):
+    """New-node requests need precomputed embeddings and the server has none."""
+
+    http_status = 409
+    kind = "no_embeddings"

@@ -211,3 +211,47 @@ def test_cli_refuses_a_checkpoint_of_another_store(
     err = capsys.readouterr().err
     assert err.startswith("error: ") and "0" * 32 in err and meta["checksum"] in err
     assert not out.exists()
+
+
+def test_cli_update_log_gives_the_pes_of_the_updated_graph_and_leaves_the_log(
+    small_store: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    from gnnserve.graph.dynamic_store import DynamicStore
+
+    store = tmp_path / "store"
+    shutil.copytree(small_store, store)
+    ckpt = make_checkpoint(store, tmp_path / "sage-ckpt", arch="sage")
+    log = tmp_path / "updates.log"
+    graph, features = open_graph_store(store), open_feature_store(store)
+    n = graph.num_nodes
+    src0 = int(graph.neighbors(0)[0])  # an existing edge src0 -> 0 to delete
+    live = DynamicStore(graph, features, log)
+    live.apply([{"op": "add_node", "features": [0.5] * features.dim}])
+    live.apply(
+        [{"op": "add_edge", "src": n, "dst": 1}, {"op": "delete_edge", "src": src0, "dst": 0}]
+    )
+    live.close()
+    logged = log.read_bytes() + b'{"torn'  # a half-written record, as beside a live writer
+    log.write_bytes(logged)
+
+    argv = ["precompute", "--store", str(store), "--model", str(ckpt), "--no-progress"]
+    assert main([*argv, "--update-log", str(log), "--out", str(tmp_path / "pe")]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert log.read_bytes() == logged  # read only: the torn tail is the writer's to repair
+    replayed = DynamicStore(open_graph_store(store), open_feature_store(store), log, read_only=True)
+    assert report["graph_version"] == replayed.graph.version
+    assert report["graph_version"].endswith(".2") and report["num_nodes"] == n + 1
+    want = precompute_embeddings(
+        load_checkpoint(ckpt).model,
+        replayed.graph,
+        replayed.features,
+        model_version="m",
+        progress=False,
+    )
+    got = open_embeddings(tmp_path / "pe")
+    for layer in (1, 2):
+        np.testing.assert_allclose(got.layer(layer), want.layer(layer), rtol=0, atol=1e-6)
+    replayed.close()
+
+    assert main([*argv, "--update-log", str(tmp_path / "missing.log")]) == 2
+    assert "no update log" in capsys.readouterr().err

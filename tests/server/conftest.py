@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -12,10 +13,30 @@ import uvicorn
 
 from gnnserve.config import ServeConfig
 from gnnserve.demo import free_port
+from gnnserve.engine.engine import Engine
 from gnnserve.engine.loader import build_engine
 from gnnserve.server.app import create_app
 
 MAX_NODES = 64
+
+
+@contextmanager
+def serving(engine: Engine, name: str = "sage") -> Iterator[str]:
+    """Serve ``engine`` as model ``name`` on a free loopback port; yields the base URL."""
+    app = create_app(engine, name)
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert time.monotonic() < deadline, "server did not start"
+        time.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(30)
 
 
 @pytest.fixture(scope="session")
@@ -30,15 +51,5 @@ def live_server(small_store: Path, small_ckpt: Path) -> Iterator[str]:
             "admission.max_nodes_per_request": MAX_NODES,
         },
     )
-    app = create_app(build_engine(config), "sage")
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert time.monotonic() < deadline, "server did not start"
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(30)
+    with serving(build_engine(config), "sage") as url:
+        yield url

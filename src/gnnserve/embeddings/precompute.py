@@ -187,6 +187,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--chunk-edges", type=int, default=2_000_000, help="in-edges per chunk (bounds memory)"
     )
+    p.add_argument(
+        "--update-log",
+        default=None,
+        help="graph update log of a mutable store (gnnserve serve --update-log): PEs of the "
+        "store with every logged batch applied; read only, safe beside a running server",
+    )
     p.add_argument("--torch-threads", type=int, default=None, help="torch threads (default: all)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
@@ -228,6 +234,13 @@ def run(args: argparse.Namespace) -> int:
         )
     graph = open_graph_store(args.store, args.backend)
     features = open_feature_store(args.store, args.backend)
+    if args.update_log:
+        from gnnserve.graph.dynamic_store import DynamicStore
+
+        if not Path(args.update_log).is_file():
+            raise InvalidInputError(f"no update log at {args.update_log}", "update_log")
+        updated = DynamicStore(graph, features, args.update_log, read_only=True)
+        graph, features = updated.graph, updated.features  # type: ignore[assignment]
     out = Path(args.out) if args.out else stores.default_embeddings_dir(args.store, args.model)
     start = time.perf_counter()
     with _torch_threads(args.torch_threads):

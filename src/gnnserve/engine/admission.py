@@ -7,6 +7,7 @@ import threading
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -74,21 +75,33 @@ class Admission:
             raise ShuttingDownError("server is shutting down")
         kind = parse_output(output)
         ids = self._check_nodes(nodes)
+        future: Future[InferenceResult] = Future()
+        self.reserve(future)
+        now = time.perf_counter()
+        req = InferenceRequest(ids, kind, self.next_id(), now, now + self.config.timeout_s, fanouts)
+        return Ticket(req, future)
+
+    def reserve(self, future: Future[Any]) -> None:
+        """Count ``future`` as in flight until it is done, or refuse it.
+
+        Raises ShuttingDownError once closed, OverloadedError when ``max_queue_requests`` are
+        already in flight (every kind of request shares the bound).
+        """
+        if self._closed:
+            raise ShuttingDownError("server is shutting down")
         with self._lock:
             if self._in_flight >= self.config.max_queue_requests:
                 raise OverloadedError(
                     f"queue full ({self.config.max_queue_requests} requests in flight); retry later"
                 )
             self._in_flight += 1
-        now = time.perf_counter()
-        req = InferenceRequest(
-            ids, kind, next(self._ids), now, now + self.config.timeout_s, fanouts
-        )
-        ticket = Ticket(req)
-        ticket.future.add_done_callback(self._release)
-        return ticket
+        future.add_done_callback(self._release)
 
-    def _release(self, _: Future[InferenceResult]) -> None:
+    def next_id(self) -> int:
+        """A fresh request id (monotonic, shared by every kind of request)."""
+        return next(self._ids)
+
+    def _release(self, _: Future[Any]) -> None:
         with self._lock:
             self._in_flight -= 1
 

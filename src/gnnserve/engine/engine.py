@@ -1,4 +1,8 @@
-"""Engine: admission -> batcher -> sample -> fetch -> compute, with per-request futures."""
+"""Engine: admission -> batcher -> sample -> fetch -> compute, with per-request futures.
+
+Requests for new nodes (features and edges the graph does not hold) take their own path, see
+:mod:`gnnserve.engine.newnodes`.
+"""
 
 from __future__ import annotations
 
@@ -13,11 +17,13 @@ from concurrent.futures import Future
 import torch
 
 from gnnserve.config import ServeConfig
+from gnnserve.embeddings.base import EmbeddingStore
 from gnnserve.engine.admission import Admission
 from gnnserve.engine.batcher import STOP, Batch, Batcher
+from gnnserve.engine.newnodes import NewNodePrediction, NewNodeService
 from gnnserve.engine.pipeline import Stage, fail_batch
 from gnnserve.engine.planner import Planner
-from gnnserve.errors import ReadOnlyStoreError
+from gnnserve.errors import GnnServeError, ReadOnlyStoreError
 from gnnserve.features.base import FeatureStore
 from gnnserve.graph.base import GraphStore
 from gnnserve.graph.dynamic_store import DynamicStore, UpdateResult
@@ -28,9 +34,12 @@ log = logging.getLogger(__name__)
 
 
 class Engine:
-    """Serves predictions for existing nodes of one graph with one model.
+    """Serves predictions for existing nodes of one graph with one model, and for new nodes.
 
-    Thread-safe: ``submit`` may be called from any thread; ``predict`` blocks, ``apredict`` awaits.
+    Thread-safe: ``submit`` may be called from any thread; ``predict`` blocks, ``apredict`` awaits
+    (likewise ``submit_new_nodes``, ``predict_new_nodes``, ``apredict_new_nodes``). New-node
+    requests need ``embeddings`` (the PEs of this model on this graph); without them they are
+    refused with ``embeddings_error`` (409).
     """
 
     def __init__(
@@ -40,6 +49,8 @@ class Engine:
         runner: ModelRunner,
         config: ServeConfig | None = None,
         updates: DynamicStore | None = None,
+        embeddings: EmbeddingStore | None = None,
+        embeddings_error: GnnServeError | None = None,
     ) -> None:
         self.config = config or ServeConfig()
         self.updates = updates  # the mutable store behind graph/features, when there is one
@@ -56,6 +67,7 @@ class Engine:
         self.observers: list[Callable[[Batch], None]] = []  # called after each finished batch
         self._threads: list[threading.Thread] = []
         self._started = False
+        self.new_nodes = NewNodeService(self, embeddings, embeddings_error)
 
     # lifecycle -------------------------------------------------------------------------------
     def start(self) -> Engine:
@@ -77,6 +89,7 @@ class Engine:
         ]
         for t in self._threads:
             t.start()
+        self.new_nodes.start()
         self._started = True
         return self
 
@@ -85,6 +98,7 @@ class Engine:
         self.admission.close()
         if not self._started:
             return
+        self.new_nodes.stop(timeout_s)
         self._inbox.put(STOP)
         for t in self._threads:
             t.join(timeout_s)
@@ -133,6 +147,56 @@ class Engine:
     ) -> InferenceResult:
         """Awaitable prediction, for asyncio servers."""
         return await asyncio.wrap_future(self.submit(nodes, output, fanouts))
+
+    def submit_new_nodes(
+        self,
+        features: object,
+        edges: object,
+        new_edges: object = None,
+        output: str | OutputKind = "label",
+        mode: object = None,
+        gamma: object = None,
+        policy: object = None,
+        fanouts: object = None,
+        seed: object = 0,
+    ) -> Future[NewNodePrediction]:
+        """Admit a request for new nodes and return its future (see ``NewNodeService.submit``).
+
+        ``features`` [m, F]; ``edges`` [E, 2] (new node index, existing node id); ``new_edges``
+        [E2, 2] between new nodes. ``mode``, ``gamma`` and ``policy`` default to
+        ``config.embeddings``; ``fanouts`` are those of mode ``ns``; ``seed`` drives its sampling
+        and the ``random`` policy.
+        """
+        if not self._started:
+            self.start()
+        return self.new_nodes.submit(
+            features, edges, new_edges, output, mode, gamma, policy, fanouts, seed
+        )
+
+    def predict_new_nodes(
+        self,
+        features: object,
+        edges: object,
+        new_edges: object = None,
+        output: str | OutputKind = "label",
+        timeout_s: float | None = None,
+        **options: object,
+    ) -> NewNodePrediction:
+        """Blocking :meth:`submit_new_nodes`; ``options``: mode, gamma, policy, fanouts, seed."""
+        future = self.submit_new_nodes(features, edges, new_edges, output, **options)
+        return future.result(timeout=timeout_s)
+
+    async def apredict_new_nodes(
+        self,
+        features: object,
+        edges: object,
+        new_edges: object = None,
+        output: str | OutputKind = "label",
+        **options: object,
+    ) -> NewNodePrediction:
+        """Awaitable :meth:`submit_new_nodes`, for asyncio servers."""
+        future = self.submit_new_nodes(features, edges, new_edges, output, **options)
+        return await asyncio.wrap_future(future)
 
     def apply_updates(self, ops: object) -> UpdateResult:
         """Apply a batch of graph updates (durable before it returns); see graph.updates."""

@@ -1,4 +1,10 @@
-"""Build an Engine from a ServeConfig: open the stores, load the checkpoint, check they match."""
+"""Build an Engine from a ServeConfig: open the stores, load the checkpoint, check they match.
+
+Precomputed embeddings (PEs) for new-node requests: an explicitly configured directory must
+match the served model and graph or the engine is not built; the default directory
+(``<store>/embeddings/<checkpoint name>``) is used when present, and when it is stale or
+unreadable only new-node requests are refused (409, with the reason).
+"""
 
 from __future__ import annotations
 
@@ -6,10 +12,20 @@ import logging
 
 from gnnserve.config import ServeConfig
 from gnnserve.data.layout import verify_checksum
+from gnnserve.embeddings.base import EmbeddingStore
+from gnnserve.embeddings.stores import default_embeddings_dir, open_embeddings
 from gnnserve.engine.engine import Engine
-from gnnserve.errors import InvalidInputError
+from gnnserve.engine.newnodes import check_embeddings
+from gnnserve.errors import (
+    GnnServeError,
+    InvalidInputError,
+    MissingEmbeddingsError,
+    StaleEmbeddingsError,
+    StoreFormatError,
+)
 from gnnserve.features import open_feature_store
 from gnnserve.graph import open_graph_store
+from gnnserve.graph.base import GraphStore
 from gnnserve.graph.dynamic_store import DynamicStore
 from gnnserve.models.checkpoint import load_checkpoint
 from gnnserve.models.runner import ModelRunner
@@ -38,6 +54,56 @@ def build_engine(config: ServeConfig) -> Engine:
         log.warning("model was trained on store %s, serving store %s", trained_on, graph.version)
     runner = ModelRunner(ckpt.model, ckpt.version)
     if not config.store.update_log:
-        return Engine(graph, features, runner, config)
+        pes, problem = load_embeddings(config, graph, ckpt.version)
+        return Engine(graph, features, runner, config, embeddings=pes, embeddings_error=problem)
     store = DynamicStore(graph, features, config.store.update_log, config.store.fsync)
-    return Engine(store.graph, store.features, runner, config, updates=store)
+    try:
+        pes, problem = load_embeddings(config, store.graph, ckpt.version)  # after the replay
+    except BaseException:
+        store.close()
+        raise
+    return Engine(
+        store.graph,
+        store.features,
+        runner,
+        config,
+        updates=store,
+        embeddings=pes,
+        embeddings_error=problem,
+    )
+
+
+def load_embeddings(
+    config: ServeConfig, graph: GraphStore, model_version: str
+) -> tuple[EmbeddingStore | None, GnnServeError | None]:
+    """The PEs for new-node requests, or None and the error those requests get (409).
+
+    ``config.embeddings.path`` set: open it and check it against ``model_version`` and
+    ``graph``; any problem raises (the server must not start). Unset: the default directory,
+    when it exists; a problem there is logged and returned.
+    """
+    cfg = config.embeddings
+    if cfg.path:
+        pes = open_embeddings(cfg.path, cfg.backend)
+        check_embeddings(pes, model_version, graph)
+        return pes, None
+    default = default_embeddings_dir(config.store.path, config.model_path)
+    if not default.exists():
+        return None, MissingEmbeddingsError(
+            f"new-node requests need precomputed embeddings: run `gnnserve precompute --store "
+            f"{config.store.path} --model {config.model_path}` (writes {default}) and restart, "
+            "or serve with --embeddings DIR",
+            "new_nodes",
+        )
+    try:
+        pes = open_embeddings(default, cfg.backend)
+        check_embeddings(pes, model_version, graph)
+    except StaleEmbeddingsError as exc:
+        log.warning("new-node requests will be refused: %s (%s)", exc.message, default)
+        return None, exc
+    except StoreFormatError as exc:
+        log.warning("new-node requests will be refused: %s", exc.message)
+        message = f"{exc.message}; run `gnnserve precompute` again"
+        return None, MissingEmbeddingsError(message, "new_nodes")
+    log.info("new-node requests use the precomputed embeddings in %s", default)
+    return pes, None

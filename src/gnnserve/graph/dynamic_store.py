@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from gnnserve.errors import StoreFormatError
+from gnnserve.errors import ReadOnlyStoreError, StoreFormatError
 from gnnserve.features.base import FeatureStore
 from gnnserve.features.dynamic import DynamicFeatures
 from gnnserve.graph.base import GraphStore
@@ -67,7 +67,10 @@ class DynamicStore:
         log_path: str | Path,
         fsync: FsyncPolicy | str = FsyncPolicy.ALWAYS,
         compact_above: float = 0.5,
+        read_only: bool = False,
     ) -> None:
+        """``read_only``: replay the log without touching it (no writes, no torn-tail repair);
+        ``apply`` then raises ReadOnlyStoreError. For tools beside a live server."""
         self.graph = DynamicGraph(graph)
         self.features = DynamicFeatures(features)
         self._lock = ReadWriteLock()
@@ -76,9 +79,9 @@ class DynamicStore:
         self._writer = threading.Lock()  # one batch at a time: validate, log, apply
         self.compact_above = compact_above
         self.presampler: PreSampler | None = None  # attached after replay, built from its state
-        self.replayed = self._replay(log_path, graph.version)
-        self.log = UpdateLog(log_path, fsync)
-        if self.graph.seq == 0 and self.log.path.stat().st_size == 0:
+        self.replayed = self._replay(log_path, graph.version, truncate=not read_only)
+        self.log = None if read_only else UpdateLog(log_path, fsync)
+        if self.log is not None and self.graph.seq == 0 and self.log.path.stat().st_size == 0:
             self.log.append(0, [{"op": "base", "checksum": graph.version}])
         self._stop = threading.Event()
         self._compactor = threading.Thread(target=self._compact_loop, daemon=True)
@@ -94,10 +97,10 @@ class DynamicStore:
         self._lock.acquire_read()
         return self.graph.version
 
-    def _replay(self, path: str | Path, base_version: str) -> int:
+    def _replay(self, path: str | Path, base_version: str, truncate: bool) -> int:
         """Apply every logged batch after checking the log belongs to this base store."""
         applied = 0
-        for seq, ops in replay(path):
+        for seq, ops in replay(path, truncate):
             if seq == 0:
                 if ops[0].get("checksum") != base_version:
                     raise StoreFormatError(
@@ -123,6 +126,8 @@ class DynamicStore:
         with self._writer:
             batch = self._parse(ops)
             seq = self.graph.seq + 1
+            if self.log is None:
+                raise ReadOnlyStoreError("this store was opened read-only", "ops")
             self.log.append(seq, batch.ops)
             self._apply(batch, seq)
             return UpdateResult(self.graph.version, seq, batch.new_nodes, len(batch.ops))
@@ -177,4 +182,5 @@ class DynamicStore:
         """Stop the compactor and close the log."""
         self._stop.set()
         self._compactor.join(5)
-        self.log.close()
+        if self.log is not None:
+            self.log.close()

@@ -50,8 +50,12 @@ def _decode_line(line: bytes) -> dict[str, Any] | None:
     return record
 
 
-def replay(path: str | Path) -> Iterator[tuple[int, list[dict[str, Any]]]]:
-    """Yield (version, ops) of every intact record in order; truncate a torn tail."""
+def replay(path: str | Path, truncate: bool = True) -> Iterator[tuple[int, list[dict[str, Any]]]]:
+    """Yield (version, ops) of every intact record in order; truncate a torn tail.
+
+    ``truncate=False`` leaves the file as it is (a reader beside a live writer, whose last
+    record may be half-written right now).
+    """
     p = Path(path)
     if not p.exists():
         return
@@ -68,7 +72,7 @@ def replay(path: str | Path) -> Iterator[tuple[int, list[dict[str, Any]]]]:
             last_version = version
             good_end += len(line)
             yield version, record["ops"]
-    if p.stat().st_size > good_end:
+    if truncate and p.stat().st_size > good_end:
         log.warning("%s: dropping %d bytes of a torn record", p, p.stat().st_size - good_end)
         with open(p, "r+b") as fh:
             fh.truncate(good_end)

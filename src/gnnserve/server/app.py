@@ -1,4 +1,8 @@
-"""The FastAPI application: /v1/predict, Open Inference Protocol v2, /metrics, health."""
+"""The FastAPI application: /v1/predict, Open Inference Protocol v2, /metrics, health.
+
+``POST /v1/predict`` answers for existing nodes (``nodes``) or for new nodes sent with the
+request (``new_nodes``: features and edges, answered with precomputed embeddings).
+"""
 
 from __future__ import annotations
 
@@ -17,6 +21,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gnnserve.engine.engine import Engine
+from gnnserve.engine.newnodes import NewNodePrediction
 from gnnserve.errors import GnnServeError, InvalidInputError, UnknownModelError
 from gnnserve.server import oip
 from gnnserve.server.metrics import ServerMetrics
@@ -49,8 +54,8 @@ def _validation_error(exc: RequestValidationError) -> InvalidInputError:
 
 
 def result_json(model: str, result: InferenceResult) -> dict[str, Any]:
-    """The /v1/predict answer for one engine result."""
-    return {
+    """The /v1/predict answer for one engine result (plus the new-node fields for those)."""
+    body: dict[str, Any] = {
         "model": model,
         "model_version": result.model_version,
         "graph_version": result.graph_version,
@@ -59,6 +64,52 @@ def result_json(model: str, result: InferenceResult) -> dict[str, Any]:
         "predictions": result.values.tolist(),
         "timings": result.timings.as_dict(),
     }
+    if isinstance(result, NewNodePrediction):
+        body.update(new_node_fields(result))
+    return body
+
+
+def new_node_fields(result: NewNodePrediction) -> dict[str, Any]:
+    """What a new-node answer reports beyond the predictions."""
+    return {
+        "new_nodes": result.new_nodes,
+        "mode": result.mode,
+        "gamma": result.gamma,
+        "policy": result.policy,
+        "num_candidates": result.num_candidates,
+        "recomputed": result.recomputed,
+    }
+
+
+_NEW_NODE_ONLY = ("mode", "gamma", "policy", "seed")
+
+
+async def _predict(engine: Engine, body: PredictRequest) -> InferenceResult:
+    """Run a /v1/predict body: existing nodes, or new nodes (exactly one of them)."""
+    if (body.nodes is None) == (body.new_nodes is None):
+        both = body.nodes is not None
+        raise InvalidInputError(
+            "give exactly one of `nodes` (existing node ids) and `new_nodes` (features and "
+            f"edges of new nodes), {'not both' if both else 'got neither'}",
+            "new_nodes" if both else "nodes",
+        )
+    if body.new_nodes is None:
+        for name in _NEW_NODE_ONLY:
+            if getattr(body, name) is not None:
+                raise InvalidInputError(f"{name} applies to new_nodes requests only", name)
+        return await engine.apredict(body.nodes, body.output, body.fanouts)
+    new = body.new_nodes
+    return await engine.apredict_new_nodes(
+        new.features,
+        new.edges,
+        new.new_edges,
+        body.output,
+        mode=body.mode,
+        gamma=body.gamma,
+        policy=body.policy,
+        fanouts=body.fanouts,
+        seed=0 if body.seed is None else body.seed,
+    )
 
 
 def create_app(engine: Engine, model_name: str = "default") -> FastAPI:
@@ -102,15 +153,16 @@ def create_app(engine: Engine, model_name: str = "default") -> FastAPI:
 
     @app.post("/v1/predict", response_model=PredictResponse, responses=_ERRORS)
     async def predict(body: PredictRequest) -> JSONResponse:
-        """Predict for existing nodes: labels, class probabilities or embeddings."""
+        """Predict for existing nodes or new ones: labels, class probabilities or embeddings."""
         if body.model is not None and body.model != model_name:
             raise UnknownModelError(
                 f"unknown model {body.model!r}; serving {model_name!r}", "model"
             )
         start = time.perf_counter()
-        result = await engine.apredict(body.nodes, body.output, body.fanouts)
-        metrics.requests.labels("predict").inc()
-        metrics.request_latency.labels("predict").observe(time.perf_counter() - start)
+        result = await _predict(engine, body)
+        endpoint = "predict" if body.new_nodes is None else "predict_new_nodes"
+        metrics.requests.labels(endpoint).inc()
+        metrics.request_latency.labels(endpoint).observe(time.perf_counter() - start)
         return JSONResponse(result_json(model_name, result))
 
     @app.post("/v1/graph/updates", response_model=UpdatesResponse, responses=_ERRORS)

@@ -1,4 +1,10 @@
-"""Open Inference Protocol v2 routes: health, model metadata, infer with an INT64 node_ids input."""
+"""Open Inference Protocol v2 routes: health, model metadata, infer.
+
+Inference takes either the INT64 ``node_ids`` input (existing nodes) or new nodes:
+``new_node_features`` (FP32 [m, F]), ``new_node_edges`` (INT64 [E, 2]: new node index, existing
+node id) and optionally ``new_node_new_edges`` (INT64 [E2, 2]); the request ``parameters`` may
+set ``mode``, ``gamma``, ``policy``, ``seed`` and ``fanouts`` of a new-node request.
+"""
 
 from __future__ import annotations
 
@@ -6,16 +12,29 @@ import asyncio
 import time
 from typing import Any
 
+import numpy as np
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
 from gnnserve.engine.engine import Engine
+from gnnserve.engine.newnodes import NewNodePrediction
 from gnnserve.errors import InvalidInputError, UnknownModelError
 from gnnserve.server.metrics import ServerMetrics
-from gnnserve.server.schemas import InferRequest, InferResponse
+from gnnserve.server.schemas import InferRequest, InferResponse, InferTensor
 from gnnserve.types import InferenceResult, OutputKind
 
 INPUT_NAME = "node_ids"
+FEATURES_INPUT = "new_node_features"
+EDGES_INPUT = "new_node_edges"
+NEW_EDGES_INPUT = "new_node_new_edges"
+NEW_NODE_INPUTS = (FEATURES_INPUT, EDGES_INPUT, NEW_EDGES_INPUT)
+NEW_NODE_PARAMETERS = ("mode", "gamma", "policy", "seed", "fanouts")
+# engine error fields -> the OIP input that carried the value
+_FIELDS = {
+    "new_nodes.features": FEATURES_INPUT,
+    "new_nodes.edges": EDGES_INPUT,
+    "new_nodes.new_edges": NEW_EDGES_INPUT,
+}
 _NAMES = [k.value for k in OutputKind]
 _DATATYPES = {OutputKind.LABEL: "INT64", OutputKind.PROBS: "FP32", OutputKind.EMBEDDING: "FP32"}
 
@@ -41,15 +60,100 @@ def _node_ids(body: InferRequest) -> list[int]:
         raise InvalidInputError(
             f"{INPUT_NAME} shape {t.shape} does not match {len(t.data)} data values", "inputs"
         )
-    return t.data
+    return [int(v) for v in t.data]  # INT64 data is checked to be integers by the schema
 
 
-def _tensor(name: str, result: InferenceResult) -> dict[str, Any]:
-    values = result.values
+def _matrix(t: InferTensor, datatype: str, width: int | None) -> np.ndarray:
+    """The data of ``t`` as a [rows, width] array, after checking datatype and shape."""
+    if t.datatype != datatype:
+        raise InvalidInputError(f"{t.name} datatype must be {datatype}, got {t.datatype}", t.name)
+    if len(t.shape) != 2 or min(t.shape) < 0 or (width not in (None, t.shape[1])):
+        want = f"[n, {width}]" if width is not None else "[n, F]"
+        raise InvalidInputError(f"{t.name} shape must be {want}, got {t.shape}", t.name)
+    if t.shape[0] * t.shape[1] != len(t.data):
+        raise InvalidInputError(
+            f"{t.name} shape {t.shape} does not match {len(t.data)} data values", t.name
+        )
+    try:
+        arr = np.asarray(t.data, dtype=np.float64 if datatype == "FP32" else np.int64)
+    except OverflowError:
+        raise InvalidInputError(f"{t.name} holds a value beyond the int64 range", t.name) from None
+    return arr.reshape(t.shape[0], t.shape[1])
+
+
+def _new_node_inputs(body: InferRequest) -> dict[str, np.ndarray | None] | None:
+    """features / edges / new_edges of a new-node request; None when it asks for node_ids."""
+    by_name: dict[str, InferTensor] = {}
+    for t in body.inputs:
+        if t.name in NEW_NODE_INPUTS:
+            if t.name in by_name:
+                raise InvalidInputError(f"input {t.name!r} is given twice", "inputs")
+            by_name[t.name] = t
+    if not by_name:
+        return None
+    if any(t.name == INPUT_NAME for t in body.inputs):
+        raise InvalidInputError(
+            f"give either {INPUT_NAME!r} (existing nodes) or the new-node inputs "
+            f"{list(NEW_NODE_INPUTS)}, not both",
+            "inputs",
+        )
+    for name in (FEATURES_INPUT, EDGES_INPUT):
+        if name not in by_name:
+            raise InvalidInputError(f"a new-node request needs the input {name!r}", "inputs")
+    new_edges = by_name.get(NEW_EDGES_INPUT)
+    return {
+        "features": _matrix(by_name[FEATURES_INPUT], "FP32", None),
+        "edges": _matrix(by_name[EDGES_INPUT], "INT64", 2),
+        "new_edges": None if new_edges is None else _matrix(new_edges, "INT64", 2),
+    }
+
+
+async def _infer_new_nodes(
+    engine: Engine, inputs: dict[str, np.ndarray | None], wanted: list[str], body: InferRequest
+) -> tuple[list[Any], dict[str, Any]]:
+    """One engine run for every wanted output; (output values, response parameters)."""
+    params = body.parameters or {}
+    unknown = sorted(set(params) - set(NEW_NODE_PARAMETERS))
+    if unknown:
+        raise InvalidInputError(
+            f"unknown parameters {unknown}; a new-node request takes {list(NEW_NODE_PARAMETERS)}",
+            "parameters",
+        )
+    try:
+        result = await engine.apredict_new_nodes(
+            inputs["features"],
+            inputs["edges"],
+            inputs["new_edges"],
+            wanted[0],
+            mode=params.get("mode"),
+            gamma=params.get("gamma"),
+            policy=params.get("policy"),
+            fanouts=params.get("fanouts"),
+            seed=params.get("seed", 0),
+        )
+    except InvalidInputError as exc:
+        exc.field = _FIELDS.get(exc.field or "", exc.field)
+        raise
+    assert isinstance(result, NewNodePrediction)
+    values = [result.values] + [result.as_output(w) for w in wanted[1:]]
+    parameters = {
+        "new_nodes": result.new_nodes,
+        "mode": result.mode,
+        "gamma": result.gamma,
+        "policy": result.policy,
+        "num_candidates": result.num_candidates,
+        "recomputed": result.recomputed,
+        "graph_version": result.graph_version,
+    }
+    return [_tensor(w, v) for w, v in zip(wanted, values, strict=True)], parameters
+
+
+def _tensor(name: str, values: Any) -> dict[str, Any]:
+    """An output tensor: ``values`` of output kind ``name``, flattened row-major."""
     return {
         "name": name,
         "shape": list(values.shape),
-        "datatype": _DATATYPES[result.output],
+        "datatype": _DATATYPES[OutputKind(name)],
         "data": values.flatten().tolist(),
     }
 
@@ -63,7 +167,12 @@ def model_metadata(engine: Engine, name: str) -> dict[str, Any]:
         "name": name,
         "versions": [engine.runner.version],
         "platform": "gnnserve",
-        "inputs": [{"name": INPUT_NAME, "datatype": "INT64", "shape": [-1]}],
+        "inputs": [
+            {"name": INPUT_NAME, "datatype": "INT64", "shape": [-1]},
+            {"name": FEATURES_INPUT, "datatype": "FP32", "shape": [-1, cfg.in_dim]},
+            {"name": EDGES_INPUT, "datatype": "INT64", "shape": [-1, 2]},
+            {"name": NEW_EDGES_INPUT, "datatype": "INT64", "shape": [-1, 2]},
+        ],
         "outputs": [
             {"name": "label", "datatype": "INT64", "shape": [-1]},
             {"name": "probs", "datatype": "FP32", "shape": [-1, classes]},
@@ -102,24 +211,34 @@ def add_routes(
 
     @app.post("/v2/models/{name}/infer", response_model=InferResponse, responses=errors)
     async def infer(name: str, body: InferRequest) -> JSONResponse:
-        """Run inference; outputs default to ``label``."""
+        """Run inference on existing nodes (``node_ids``) or new nodes; outputs default to
+        ``label``."""
         _check_model(name, served)
         start = time.perf_counter()
-        nodes = _node_ids(body)
+        new_nodes = _new_node_inputs(body)
+        nodes = _node_ids(body) if new_nodes is None else []
         wanted = [o.name for o in body.outputs] if body.outputs else ["label"]
         if len(set(wanted)) != len(wanted):
             raise InvalidInputError("outputs lists a name twice", "outputs")
         for w in wanted:
             if w not in _NAMES:
                 raise InvalidInputError(f"unknown output {w!r}; choose one of {_NAMES}", "outputs")
-        results = await asyncio.gather(*(engine.apredict(nodes, w) for w in wanted))
-        metrics.requests.labels("infer").inc()
-        metrics.request_latency.labels("infer").observe(time.perf_counter() - start)
-        return JSONResponse(
-            {
-                "model_name": name,
-                "model_version": engine.runner.version,
-                "id": body.id,
-                "outputs": [_tensor(w, r) for w, r in zip(wanted, results, strict=True)],
-            }
-        )
+        answer: dict[str, Any] = {
+            "model_name": name,
+            "model_version": engine.runner.version,
+            "id": body.id,
+        }
+        if new_nodes is None:
+            results: list[InferenceResult] = await asyncio.gather(
+                *(engine.apredict(nodes, w) for w in wanted)
+            )
+            answer["outputs"] = [_tensor(w, r.values) for w, r in zip(wanted, results, strict=True)]
+            endpoint = "infer"
+        else:
+            answer["outputs"], answer["parameters"] = await _infer_new_nodes(
+                engine, new_nodes, wanted, body
+            )
+            endpoint = "infer_new_nodes"
+        metrics.requests.labels(endpoint).inc()
+        metrics.request_latency.labels(endpoint).observe(time.perf_counter() - start)
+        return JSONResponse(answer)

@@ -4,21 +4,64 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    model_validator,
+)
 
 OutputName = Literal["label", "probs", "embedding"]
 
 
-class PredictRequest(BaseModel):
-    """POST /v1/predict body."""
+class NewNodesBody(BaseModel):
+    """Nodes the graph does not hold, sent with a request (new node i = row i of features)."""
 
     model_config = ConfigDict(extra="forbid")
 
-    nodes: list[StrictInt] = Field(..., description="existing node ids to predict for")
+    features: list[list[StrictFloat]] = Field(
+        ..., description="[m, F] finite feature rows, F = the store's feature width"
+    )
+    edges: list[list[StrictInt]] = Field(
+        default_factory=list,
+        description="[E, 2] pairs (new node index, existing node id); undirected",
+    )
+    new_edges: list[list[StrictInt]] | None = Field(
+        None, description="[E2, 2] pairs (new node index, new node index); undirected"
+    )
+
+
+class PredictRequest(BaseModel):
+    """POST /v1/predict body: exactly one of ``nodes`` and ``new_nodes``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    nodes: list[StrictInt] | None = Field(None, description="existing node ids to predict for")
+    new_nodes: NewNodesBody | None = Field(
+        None, description="new nodes to predict for (needs precomputed embeddings)"
+    )
     output: StrictStr = Field("label", description="label | probs | embedding")
     model: StrictStr | None = Field(None, description="model name; defaults to the served one")
     fanouts: list[StrictInt] | None = Field(
-        None, description="neighbours sampled per hop (nearest first, -1 = all); default: server's"
+        None,
+        description="neighbours sampled per hop (nearest first, -1 = all); default: server's. "
+        "With new_nodes: the fanouts of mode ns",
+    )
+    mode: StrictStr | None = Field(
+        None, description="new_nodes only: srpe | full | ns | pe; default: server's"
+    )
+    gamma: StrictFloat | None = Field(
+        None, description="new_nodes only, mode srpe: share of candidates recomputed, in [0, 1]"
+    )
+    policy: StrictStr | None = Field(
+        None,
+        description="new_nodes only, mode srpe: query_edges_ratio | importance | random | oracle",
+    )
+    seed: StrictInt | None = Field(
+        None, description="new_nodes only: seed of mode ns and of the random policy (default 0)"
     )
 
 
@@ -34,15 +77,27 @@ class Timings(BaseModel):
 
 
 class PredictResponse(BaseModel):
-    """POST /v1/predict answer."""
+    """POST /v1/predict answer; the fields from ``new_nodes`` on come with new-node requests."""
 
     model: str
     model_version: str
     graph_version: str
     output: OutputName
-    nodes: list[int]
+    nodes: list[int] = Field(..., description="node ids; for new nodes their indices 0..m-1")
     predictions: list[int] | list[list[float]]
-    timings: Timings
+    timings: Timings = Field(
+        ..., description="for new nodes: sample_ms = plan, batch_size = number of new nodes"
+    )
+    new_nodes: int | None = Field(None, description="m, the number of new nodes")
+    mode: str | None = Field(None, description="mode used")
+    gamma: float | None = Field(None, description="gamma used (srpe; 0 for pe; null otherwise)")
+    policy: str | None = Field(None, description="policy used (srpe; null otherwise)")
+    num_candidates: int | None = Field(
+        None, description="existing nodes with an edge from a new node"
+    )
+    recomputed: int | None = Field(
+        None, description="existing nodes whose precomputed embeddings were recomputed"
+    )
 
 
 class ErrorDetail(BaseModel):
@@ -60,13 +115,26 @@ class ErrorResponse(BaseModel):
 
 
 class InferTensor(BaseModel):
-    """An Open Inference Protocol v2 input tensor."""
+    """An Open Inference Protocol v2 input tensor (data flattened row-major).
+
+    Integer datatypes (INT64, ...) take integers only; FP32 takes numbers.
+    """
 
     name: StrictStr
     shape: list[StrictInt]
     datatype: StrictStr
-    data: list[StrictInt]
+    data: list[StrictInt | StrictFloat]
     parameters: dict[str, object] | None = None
+
+    @model_validator(mode="after")
+    def _data_matches_datatype(self) -> InferTensor:
+        if self.datatype.upper().lstrip("U").startswith("INT"):
+            for i, value in enumerate(self.data):
+                if not isinstance(value, int):
+                    raise ValueError(
+                        f"{self.name} is {self.datatype}: data[{i}] = {value!r} is not an integer"
+                    )
+        return self
 
 
 class RequestedOutput(BaseModel):
@@ -95,11 +163,13 @@ class OutputTensor(BaseModel):
 
 
 class InferResponse(BaseModel):
-    """OIP v2 inference answer."""
+    """OIP v2 inference answer; ``parameters`` (new-node requests) hold mode, gamma, policy,
+    new_nodes, num_candidates, recomputed and graph_version."""
 
     model_name: str
     model_version: str
     id: str | None = None
+    parameters: dict[str, Any] | None = None
     outputs: list[OutputTensor]
 
 

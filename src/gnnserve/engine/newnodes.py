@@ -1,0 +1,319 @@
+"""New-node requests (OMEGA) in the engine: checked at submit, run on one worker thread.
+
+A request carries nodes the graph does not hold (features and edges). It is validated when
+submitted (typed errors, nothing queued), admitted under the same in-flight bound as every other
+request, then answered by :class:`~gnnserve.embeddings.srpe.NewNodeInference` on a dedicated
+thread while it holds the graph's read lock. Precomputed embeddings (PEs) are re-checked against
+the graph version under that lock: once the store has changed they are stale and the request is
+refused (409), never answered from stale PEs.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from gnnserve.embeddings.base import EmbeddingStore
+from gnnserve.embeddings.newnodes import parse_new_nodes
+from gnnserve.embeddings.result import RunOptions, check_run_options
+from gnnserve.embeddings.srpe import MODES, NewNodeInference
+from gnnserve.engine.admission import parse_output
+from gnnserve.errors import (
+    DeadlineExceededError,
+    GnnServeError,
+    InvalidInputError,
+    MissingEmbeddingsError,
+    ShuttingDownError,
+    StaleEmbeddingsError,
+)
+from gnnserve.graph.base import GraphStore
+from gnnserve.models.runner import ModelRunner
+from gnnserve.types import InferenceResult, NewNodes, OutputKind, StageTimings
+
+if TYPE_CHECKING:
+    from gnnserve.engine.engine import Engine
+
+log = logging.getLogger(__name__)
+
+_STOP = object()  # closes the worker's queue
+
+
+def check_embeddings(pes: EmbeddingStore, model_version: str, graph: GraphStore) -> None:
+    """Raise StaleEmbeddingsError unless ``pes`` hold this model on the graph's current content.
+
+    A store served with an update log and no batch applied yet (version ``<checksum>.0``) has
+    the content of its base store, so PEs computed on the base store (``<checksum>``) match it.
+    """
+    version = graph.version
+    if graph.mutable and version == f"{pes.meta.graph_version}.0":
+        version = pes.meta.graph_version
+    try:
+        pes.check(model_version, version)
+    except StaleEmbeddingsError as exc:
+        if not graph.mutable or exc.field != "graph_version":
+            raise
+        raise StaleEmbeddingsError(
+            f"{exc.message} with --update-log (the served log) to include the updates",
+            exc.field,
+        ) from None
+    if pes.meta.num_nodes != graph.num_nodes:  # same version string, yet another graph
+        raise StaleEmbeddingsError(
+            f"precomputed embeddings hold {pes.meta.num_nodes} nodes, the graph has "
+            f"{graph.num_nodes}; run `gnnserve precompute` again",
+            "graph_version",
+        )
+
+
+@dataclass
+class NewNodePrediction(InferenceResult):
+    """The answer to a new-node request; ``nodes`` are the request indices 0..m-1.
+
+    ``gamma`` and ``policy`` are those the mode used: None where it does not use them (``full``,
+    ``ns``; ``pe`` recomputes nothing, gamma 0). Timings: ``sample_ms`` is the plan (computation
+    graph) time, ``fetch_ms`` the feature and PE gather, ``batch_size`` the number of new nodes.
+    """
+
+    mode: str = ""
+    gamma: float | None = None
+    policy: str | None = None
+    num_candidates: int = 0  # |R|: existing nodes with an edge from a new node
+    recomputed_nodes: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    logits: torch.Tensor = field(default_factory=lambda: torch.empty(0))  # [m, C]
+    embedding: torch.Tensor = field(default_factory=lambda: torch.empty(0))  # [m, H]
+
+    @property
+    def new_nodes(self) -> int:
+        """m: the number of new nodes answered."""
+        return int(self.nodes.size)
+
+    @property
+    def recomputed(self) -> int:
+        """Number of existing nodes whose PEs were recomputed for this request."""
+        return int(self.recomputed_nodes.size)
+
+    def as_output(self, output: str | OutputKind) -> torch.Tensor:
+        """The values of another output kind (no recomputation): labels, probs or embeddings."""
+        rows = np.arange(self.new_nodes, dtype=np.int64)
+        return ModelRunner.shape_output(parse_output(output), self.logits, self.embedding, rows)
+
+
+@dataclass(frozen=True)
+class NewNodeRequest:
+    """A validated, admitted new-node request."""
+
+    new: NewNodes
+    output: OutputKind
+    mode: str
+    options: RunOptions
+    request_id: int
+    arrival_s: float  # perf_counter() at submit
+    deadline_s: float  # perf_counter() time after which it is dropped unanswered
+
+
+def _used(mode: str, options: RunOptions) -> tuple[float | None, str | None]:
+    """(gamma, policy) that ``mode`` actually uses."""
+    if mode == "srpe":
+        return options.gamma, options.policy
+    return (0.0, None) if mode == "pe" else (None, None)
+
+
+class NewNodeService:
+    """The new-node path of an :class:`~gnnserve.engine.engine.Engine`.
+
+    ``embeddings`` are the PEs (checked at start-up); when None, every request is refused with
+    ``unavailable`` (409). The :class:`NewNodeInference` is built on first use from the engine's
+    current model, graph and features.
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        embeddings: EmbeddingStore | None,
+        unavailable: GnnServeError | None = None,
+    ) -> None:
+        self.engine = engine
+        self.config = engine.config.embeddings
+        self.embeddings = embeddings
+        self.unavailable = unavailable
+        bound = engine.config.admission.max_queue_requests + 1  # admission bounds it; +1: STOP
+        self._queue: queue.Queue[object] = queue.Queue(bound)
+        self._lock = threading.Lock()  # admit + enqueue vs. stop: nothing lands after STOP
+        self._inference: NewNodeInference | None = None
+        self._inference_lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    # lifecycle -------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Start the worker thread (idempotent)."""
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._loop, name="gnnserve-newnodes", daemon=True
+                )
+                self._thread.start()
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """Answer every accepted request, then end the worker (admission must be closed)."""
+        with self._lock:
+            thread, self._thread = self._thread, None
+            if thread is not None:
+                self._queue.put(_STOP)
+        if thread is not None:
+            thread.join(timeout_s)
+
+    def inference(self) -> NewNodeInference:
+        """The single-process new-node engine over the served model, graph, features and PEs."""
+        with self._inference_lock:
+            if self._inference is None:
+                pes = self._pes()
+                e = self.engine
+                self._inference = NewNodeInference(
+                    e.runner.model,
+                    e.graph,
+                    e.features,
+                    pes,
+                    max_new_nodes=self.config.max_new_nodes,
+                )
+            return self._inference
+
+    # requests --------------------------------------------------------------------------------
+    def submit(
+        self,
+        features: object,
+        edges: object,
+        new_edges: object = None,
+        output: str | OutputKind = "label",
+        mode: object = None,
+        gamma: object = None,
+        policy: object = None,
+        fanouts: object = None,
+        seed: object = 0,
+    ) -> Future[NewNodePrediction]:
+        """Validate and admit a request; its future resolves to a :class:`NewNodePrediction`.
+
+        Raises (nothing queued) ShuttingDownError, MissingEmbeddingsError /
+        StaleEmbeddingsError (no usable PEs), InvalidInputError / TooManyNodesError naming the
+        field, OverloadedError (admission bound reached).
+        """
+        e, cfg = self.engine, self.config
+        if e.admission.closed:
+            raise ShuttingDownError("server is shutting down")
+        pes = self._pes()
+        kind = parse_output(output)
+        mode = cfg.mode if mode is None else mode
+        if not isinstance(mode, str) or mode not in MODES.names():
+            raise InvalidInputError(f"unknown mode {mode!r}; choose one of {MODES.names()}", "mode")
+        options = check_run_options(
+            cfg.gamma if gamma is None else gamma,
+            cfg.policy if policy is None else policy,
+            fanouts,
+            seed,
+            int(e.runner.model.config.num_layers),
+        )
+        new = parse_new_nodes(
+            features,
+            edges,
+            new_edges,
+            num_nodes=e.graph.num_nodes,
+            feature_dim=e.features.dim,
+            max_new_nodes=cfg.max_new_nodes,
+        )
+        check_embeddings(pes, e.runner.version, e.graph)  # early answer; re-checked when run
+        future: Future[NewNodePrediction] = Future()
+        with self._lock:
+            e.admission.reserve(future)
+            now = time.perf_counter()
+            deadline = now + e.config.admission.timeout_s
+            request = NewNodeRequest(new, kind, mode, options, e.admission.next_id(), now, deadline)
+            self._queue.put((request, future))
+        return future
+
+    def _pes(self) -> EmbeddingStore:
+        if self.embeddings is None:
+            raise self.unavailable or MissingEmbeddingsError(
+                "no precomputed embeddings: run `gnnserve precompute`, then serve with them",
+                "new_nodes",
+            )
+        return self.embeddings
+
+    # worker ----------------------------------------------------------------------------------
+    def _loop(self) -> None:
+        if self.embeddings is not None:
+            self._warm_up()
+        while True:
+            item = self._queue.get()
+            if item is _STOP:
+                return
+            assert isinstance(item, tuple)
+            request, future = item
+            if not future.set_running_or_notify_cancel():
+                continue  # the caller gave up while it waited
+            try:
+                future.set_result(self._run(request))
+            except BaseException as exc:  # noqa: BLE001 - reported to the caller
+                if not isinstance(exc, GnnServeError):
+                    log.exception("new-node request failed", exc_info=exc)
+                    exc = GnnServeError(f"internal error: {type(exc).__name__}: {exc}")
+                future.set_exception(exc)
+
+    def _warm_up(self) -> None:
+        """Build the overlay and importance scores before the first request needs them."""
+        graph = self.engine.graph
+        graph.acquire_read()  # a mutable store must not change while its copy is taken
+        try:
+            _ = self.inference().importance
+        except Exception:  # noqa: BLE001 - requests will report the same error
+            log.exception("could not prepare new-node inference")
+        finally:
+            graph.release_read()
+
+    def _run(self, request: NewNodeRequest) -> NewNodePrediction:
+        start = time.perf_counter()
+        if start > request.deadline_s:
+            raise DeadlineExceededError("request expired in the queue")
+        e, opts = self.engine, request.options
+        runner, graph = e.runner, e.graph
+        graph_version = graph.acquire_read()
+        try:
+            check_embeddings(self._pes(), runner.version, graph)
+            out = self.inference().run(
+                request.new, request.mode, opts.gamma, opts.policy, opts.fanouts, opts.seed
+            )
+        finally:
+            graph.release_read()
+        logits, embedding = out.logits.cpu(), out.embedding.cpu()
+        m = request.new.count
+        values = runner.shape_output(request.output, logits, embedding, np.arange(m))
+        gamma, policy = _used(request.mode, opts)
+        timings = StageTimings(
+            queue_ms=(start - request.arrival_s) * 1e3,
+            sample_ms=out.timings.plan_ms,
+            fetch_ms=out.timings.fetch_ms,
+            compute_ms=out.timings.compute_ms,
+            total_ms=(time.perf_counter() - request.arrival_s) * 1e3,
+            batch_size=m,
+        )
+        return NewNodePrediction(
+            request.request_id,
+            np.arange(m, dtype=np.int64),
+            request.output,
+            values,
+            runner.version,
+            graph_version,
+            timings,
+            mode=request.mode,
+            gamma=gamma,
+            policy=policy,
+            num_candidates=int(out.num_candidates),
+            recomputed_nodes=np.asarray(out.recomputed, dtype=np.int64),
+            logits=logits,
+            embedding=embedding,
+        )

@@ -1,0 +1,269 @@
+"""New-node requests through the Engine: equal to NewNodeInference run directly, typed errors at
+submit, shared admission bound, graceful stop, and never an answer from stale PEs."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import shutil
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from gnnserve.config import ServeConfig
+from gnnserve.embeddings.newnodes import parse_new_nodes
+from gnnserve.embeddings.srpe import NewNodeInference, NewNodeResult
+from gnnserve.embeddings.stores import default_embeddings_dir, open_embeddings
+from gnnserve.engine.engine import Engine
+from gnnserve.engine.loader import build_engine
+from gnnserve.errors import (
+    DeadlineExceededError,
+    InvalidInputError,
+    MissingEmbeddingsError,
+    OverloadedError,
+    ShuttingDownError,
+    StaleEmbeddingsError,
+    TooManyNodesError,
+)
+from gnnserve.features import open_feature_store
+from gnnserve.graph import open_graph_store
+from gnnserve.models.checkpoint import load_checkpoint
+from tests.conftest import write_embeddings
+
+FEATURES = np.random.default_rng(3).standard_normal((3, 16)).astype(np.float32).tolist()
+EDGES = [[0, 5], [0, 17], [1, 5], [2, 1999], [1, 42], [0, 100], [2, 17]]
+NEW_EDGES = [[0, 1]]
+
+
+def config(store: Path, ckpt: Path, **overrides: object) -> ServeConfig:
+    """A ServeConfig over ``store`` / ``ckpt`` (full-neighbourhood sampling) plus overrides."""
+    base = {"store.path": str(store), "model_path": str(ckpt), "sampler.fanouts": [-1, -1]}
+    return ServeConfig.load(None, **{**base, **overrides})
+
+
+def direct(
+    store: Path,
+    ckpt: Path,
+    pes: Path,
+    mode: str = "srpe",
+    gamma: float = 0.1,
+    policy: str = "query_edges_ratio",
+    features: object = FEATURES,
+    edges: object = EDGES,
+    new_edges: object = NEW_EDGES,
+) -> NewNodeResult:
+    """The single-process computation, on freshly opened stores, model and PEs."""
+    graph, feats = open_graph_store(store), open_feature_store(store)
+    new = parse_new_nodes(
+        features, edges, new_edges, num_nodes=graph.num_nodes, feature_dim=feats.dim
+    )
+    inference = NewNodeInference(load_checkpoint(ckpt).model, graph, feats, open_embeddings(pes))
+    return inference.run(new, mode, gamma, policy)
+
+
+class _Gate:
+    """Holds ``target.name`` calls until released."""
+
+    def __init__(self, target: object, name: str) -> None:
+        self.event = threading.Event()
+        self.entered = threading.Event()
+        inner = getattr(target, name)
+
+        def gated(*args: object, **kwargs: object) -> object:
+            self.entered.set()
+            assert self.event.wait(30)
+            return inner(*args, **kwargs)
+
+        setattr(target, name, gated)
+
+
+@pytest.mark.parametrize(
+    ("mode", "gamma", "policy"),
+    [("srpe", 0.1, "query_edges_ratio"), ("srpe", 0.5, "importance"), ("full", 0.1, "random")],
+)
+def test_results_equal_new_node_inference(pe_store, small_ckpt, mode, gamma, policy) -> None:
+    pes = default_embeddings_dir(pe_store, small_ckpt)
+    with build_engine(config(pe_store, small_ckpt)) as engine:
+        got = {
+            out: engine.predict_new_nodes(
+                FEATURES, EDGES, NEW_EDGES, out, mode=mode, gamma=gamma, policy=policy
+            )
+            for out in ("probs", "label", "embedding")
+        }
+        want = direct(pe_store, small_ckpt, pes, mode, gamma, policy)
+    probs = got["probs"]
+    assert torch.equal(probs.values, torch.softmax(want.logits, 1))
+    assert torch.equal(got["label"].values, want.logits.argmax(1))
+    assert torch.equal(got["embedding"].values, want.embedding)
+    assert torch.equal(probs.as_output("embedding"), want.embedding)
+    assert probs.nodes.tolist() == [0, 1, 2] and probs.new_nodes == 3
+    assert probs.model_version == engine.runner.version
+    assert probs.graph_version == engine.graph.version
+    assert probs.mode == mode and probs.num_candidates == want.num_candidates == 5
+    if mode == "srpe":
+        assert (probs.gamma, probs.policy) == (gamma, policy)
+        np.testing.assert_array_equal(probs.recomputed_nodes, want.recomputed)
+        assert probs.recomputed == want.recomputed.size >= 1
+    else:
+        assert (probs.gamma, probs.policy, probs.recomputed) == (None, None, 0)
+    t = probs.timings
+    assert t.batch_size == 3 and t.total_ms >= t.compute_ms > 0 and t.sample_ms > 0
+    assert t.queue_ms >= 0 and t.fetch_ms >= 0
+
+
+def test_defaults_come_from_the_config(pe_store, small_ckpt) -> None:
+    overrides = {"embeddings.mode": "pe", "embeddings.policy": "random"}
+    with build_engine(config(pe_store, small_ckpt, **overrides)) as engine:
+        result = engine.predict_new_nodes(FEATURES, EDGES)
+        ns = engine.predict_new_nodes(FEATURES, EDGES, mode="ns", fanouts=[2, 2], seed=4)
+    assert (result.mode, result.gamma, result.policy, result.recomputed) == ("pe", 0.0, None, 0)
+    assert result.output.value == "label" and ns.mode == "ns"
+
+
+def test_async_and_concurrent_with_existing_nodes(pe_store, small_ckpt) -> None:
+    with build_engine(config(pe_store, small_ckpt)) as engine:
+        first = asyncio.run(engine.apredict_new_nodes(FEATURES, EDGES, output="probs"))
+        with ThreadPoolExecutor(4) as pool:
+            new = [
+                pool.submit(engine.predict_new_nodes, FEATURES, EDGES, NEW_EDGES, "probs")
+                for _ in range(6)
+            ]
+            old = [pool.submit(engine.predict, [i, 2 * i], "probs") for i in range(20)]
+            results = [f.result(60) for f in new]
+            assert all(f.result(60).values.shape == (2, 4) for f in old)
+    again = results[0]
+    assert all(torch.equal(r.values, again.values) for r in results)
+    assert len({r.request_id for r in results}) == 6
+    assert first.values.shape == (3, 4)
+
+
+BAD = [
+    ({"features": [[0.0] * 15]}, InvalidInputError, "new_nodes.features"),
+    ({"features": [[float("nan")] * 16]}, InvalidInputError, "new_nodes.features"),
+    ({"features": [[1e39] * 16]}, InvalidInputError, "new_nodes.features"),
+    ({"features": []}, InvalidInputError, "new_nodes.features"),
+    ({"features": [[0.0] * 16] * 5}, TooManyNodesError, "new_nodes.features"),
+    ({"edges": [[0, 2000]]}, InvalidInputError, "new_nodes.edges"),
+    ({"edges": [[3, 1]]}, InvalidInputError, "new_nodes.edges"),
+    ({"edges": [[0, 1, 2]]}, InvalidInputError, "new_nodes.edges"),
+    ({"edges": [[0, 1.5]]}, InvalidInputError, "new_nodes.edges"),
+    ({"new_edges": [[1, 1]]}, InvalidInputError, "new_nodes.new_edges"),
+    ({"new_edges": [[0, 3]]}, InvalidInputError, "new_nodes.new_edges"),
+    ({"mode": "exact"}, InvalidInputError, "mode"),
+    ({"policy": "best"}, InvalidInputError, "policy"),
+    ({"gamma": 1.5}, InvalidInputError, "gamma"),
+    ({"gamma": True}, InvalidInputError, "gamma"),
+    ({"fanouts": [5]}, InvalidInputError, "fanouts"),
+    ({"seed": 1.5}, InvalidInputError, "seed"),
+    ({"output": "logits"}, InvalidInputError, "output"),
+]
+
+
+@pytest.mark.parametrize(("change", "error", "field"), BAD)
+def test_bad_requests_raise_at_submit_and_queue_nothing(
+    pe_store, small_ckpt, change, error, field
+) -> None:
+    engine = build_engine(config(pe_store, small_ckpt, **{"embeddings.max_new_nodes": 4}))
+    request = {"features": FEATURES, "edges": EDGES, "new_edges": NEW_EDGES, **change}
+    with engine:
+        with pytest.raises(error) as info:
+            engine.submit_new_nodes(**request)
+        assert info.value.field == field and info.value.message
+        assert engine.queue_depth == 0
+        assert engine.predict_new_nodes(FEATURES, EDGES).values.numel() == 3
+
+
+def test_without_embeddings_new_nodes_get_409_and_existing_nodes_work(
+    small_store, small_ckpt
+) -> None:
+    with build_engine(config(small_store, small_ckpt)) as engine:
+        with pytest.raises(MissingEmbeddingsError) as info:
+            engine.submit_new_nodes(FEATURES, EDGES)
+        assert info.value.http_status == 409 and "gnnserve precompute" in info.value.message
+        assert engine.predict([1, 2]).values.numel() == 2
+
+
+def test_explicit_stale_embeddings_refuse_to_start(small_store, small_ckpt, tmp_path) -> None:
+    stale = write_embeddings(small_store, small_ckpt, tmp_path / "pes", "other@000000000000")
+    with pytest.raises(StaleEmbeddingsError, match="gnnserve precompute"):
+        build_engine(config(small_store, small_ckpt, **{"embeddings.path": str(stale)}))
+
+
+def test_stale_default_embeddings_are_refused_per_request(
+    small_store, small_ckpt, tmp_path, caplog
+) -> None:
+    store = tmp_path / "store"
+    shutil.copytree(small_store, store)
+    write_embeddings(store, small_ckpt, default_embeddings_dir(store, small_ckpt), "old@0")
+    with caplog.at_level(logging.WARNING), build_engine(config(store, small_ckpt)) as engine:
+        with pytest.raises(StaleEmbeddingsError, match="gnnserve precompute"):
+            engine.submit_new_nodes(FEATURES, EDGES)
+        assert engine.predict([3]).values.numel() == 1
+    assert any("new-node requests will be refused" in r.message for r in caplog.records)
+
+
+def _updatable(pe_store: Path, ckpt: Path, log: Path, **overrides: object) -> Engine:
+    pes = default_embeddings_dir(pe_store, ckpt)
+    return build_engine(
+        config(
+            pe_store,
+            ckpt,
+            **{"store.update_log": str(log), "embeddings.path": str(pes), **overrides},
+        )
+    )
+
+
+def test_graph_update_makes_embeddings_stale(pe_store, small_ckpt, tmp_path) -> None:
+    pes = default_embeddings_dir(pe_store, small_ckpt)
+    with _updatable(pe_store, small_ckpt, tmp_path / "log") as engine:
+        before = engine.predict_new_nodes(FEATURES, EDGES, NEW_EDGES, "probs")
+        assert before.graph_version.endswith(".0")
+        want = direct(pe_store, small_ckpt, pes)
+        assert torch.equal(before.values, torch.softmax(want.logits, 1))
+        engine.apply_updates([{"op": "add_edge", "src": 1, "dst": 2}])
+        with pytest.raises(StaleEmbeddingsError, match="gnnserve precompute"):
+            engine.submit_new_nodes(FEATURES, EDGES)
+        assert engine.predict([2]).graph_version.endswith(".1")
+    # the log now holds a batch: at start-up the explicit PEs are stale, the server refuses
+    with pytest.raises(StaleEmbeddingsError):
+        _updatable(pe_store, small_ckpt, tmp_path / "log")
+
+
+def test_update_while_queued_is_caught_when_run(pe_store, small_ckpt, tmp_path) -> None:
+    with _updatable(pe_store, small_ckpt, tmp_path / "log") as engine:
+        gate = _Gate(engine.new_nodes, "_run")  # before the read lock is taken
+        future = engine.submit_new_nodes(FEATURES, EDGES)
+        assert gate.entered.wait(30)
+        engine.apply_updates([{"op": "add_edge", "src": 1, "dst": 2}])
+        gate.event.set()
+        assert isinstance(future.exception(30), StaleEmbeddingsError)
+
+
+def test_shared_admission_bound_deadline_and_graceful_stop(pe_store, small_ckpt) -> None:
+    overrides = {"admission.max_queue_requests": 3, "admission.timeout_s": 0.2}
+    engine = build_engine(config(pe_store, small_ckpt, **overrides)).start()
+    gate = _Gate(engine.new_nodes.inference(), "run")  # inside the worker, past the deadline check
+    running = engine.submit_new_nodes(FEATURES, EDGES, output="probs")
+    assert gate.entered.wait(30)
+    waiting = [engine.submit_new_nodes(FEATURES, EDGES), engine.submit([1])]
+    with pytest.raises(OverloadedError):
+        engine.submit_new_nodes(FEATURES, EDGES)
+    assert waiting[1].result(30).values.numel() == 1  # existing nodes do not wait on new ones
+    late = engine.submit_new_nodes(FEATURES, EDGES)
+    threading.Event().wait(0.3)
+    stopper = threading.Thread(target=engine.stop)
+    stopper.start()  # refuses new requests at once, then drains the accepted ones
+    while not engine.admission.closed:
+        threading.Event().wait(0.01)
+    with pytest.raises(ShuttingDownError):
+        engine.submit_new_nodes(FEATURES, EDGES)
+    gate.event.set()
+    stopper.join(30)
+    assert running.result(0).values.shape == (3, 4)
+    assert isinstance(waiting[0].exception(0), DeadlineExceededError)
+    assert isinstance(late.exception(0), DeadlineExceededError)
+    assert engine.queue_depth == 0
