@@ -38,12 +38,18 @@ bench: $(STAMP)
 	$(BIN)/python bench/sampling.py
 	$(BIN)/python bench/serving.py
 	$(BIN)/python bench/dynamic.py
+	$(BIN)/python bench/dynamic_http.py
+	$(BIN)/python bench/srpe.py
+	$(BIN)/python bench/cgp.py
 
 bench-quick: $(STAMP)
 	$(BIN)/pip install -q ../shared/wheels/*.whl
 	$(BIN)/python bench/sampling.py --quick
 	$(BIN)/python bench/serving.py --quick
 	$(BIN)/python bench/dynamic.py --quick
+	$(BIN)/python bench/dynamic_http.py --quick
+	$(BIN)/python bench/srpe.py --quick
+	$(BIN)/python bench/cgp.py --quick
 
 clean:
 	rm -rf $(VENV) demo_data .pytest_cache .mypy_cache .ruff_cache

@@ -13,7 +13,12 @@ import torch
 from gnnserve.cli import main
 from gnnserve.data.writer import GraphData, write_store
 from gnnserve.embeddings.base import ArrayEmbeddings
-from gnnserve.embeddings.precompute import chunk_block, chunk_bounds, precompute_embeddings
+from gnnserve.embeddings.precompute import (
+    chunk_block,
+    chunk_bounds,
+    layer_chunk_edges,
+    precompute_embeddings,
+)
 from gnnserve.embeddings.stores import default_embeddings_dir, open_embeddings
 from gnnserve.errors import InvalidInputError
 from gnnserve.features import open_feature_store
@@ -144,8 +149,29 @@ def test_writing_to_a_directory_returns_a_file_backed_store(
     assert sorted(p.name for p in out.iterdir()) == ["layer1.bin", "layer2.bin", "meta.json"]
 
 
+def test_chunk_bytes_shrink_chunks_of_wide_layers_only() -> None:
+    assert layer_chunk_edges(2_000_000, 512 << 20, 4735) == (512 << 20) // (8 * 4735)
+    assert layer_chunk_edges(1000, 512 << 20, 16) == 1000  # the edge cap still applies
+    assert layer_chunk_edges(1000, 1, 4735) == 1  # never below one edge (one node per chunk)
+
+
+def test_byte_budget_gives_the_same_embeddings(graph_store: Path) -> None:
+    graph, features = open_graph_store(graph_store), open_feature_store(graph_store)
+    model = _model("sage", 3)
+    whole = precompute_embeddings(model, graph, features, model_version="m", progress=False)
+    tiny = precompute_embeddings(
+        model, graph, features, model_version="m", chunk_bytes=8 * F * 5, progress=False
+    )
+    for layer in (1, 2, 3):
+        np.testing.assert_allclose(tiny.layer(layer), whole.layer(layer), rtol=0, atol=1e-5)
+
+
 def test_rejects_bad_arguments(graph_store: Path) -> None:
     graph, features = open_graph_store(graph_store), open_feature_store(graph_store)
+    with pytest.raises(InvalidInputError, match="chunk_bytes"):
+        precompute_embeddings(
+            _model("sage", 2), graph, features, model_version="m", chunk_bytes=0, progress=False
+        )
     with pytest.raises(InvalidInputError, match="chunk_edges"):
         precompute_embeddings(
             _model("sage", 2), graph, features, model_version="m", chunk_edges=0, progress=False

@@ -69,17 +69,27 @@ def chunk_block(
     return Block(edge_index, int(src_ids.size), n_dst), src_ids
 
 
+def layer_chunk_edges(chunk_edges: int, chunk_bytes: int, width: int) -> int:
+    """In-edges per chunk for a layer whose input rows are ``width`` float32 wide.
+
+    PyG materialises one message row per edge (plus the source rows), so a chunk holds about
+    ``2 * edges * width * 4`` bytes; the result keeps that under ``chunk_bytes``.
+    """
+    return max(1, min(chunk_edges, chunk_bytes // (8 * max(width, 1))))
+
+
 def layer_dims(model: GNN) -> list[int]:
     """Output width of each layer 1..k of ``model``."""
     c = model.config
     return [c.hidden_dim] * (c.num_layers - 1) + [c.out_dim]
 
 
-def _check_inputs(model: GNN, graph: GraphStore, features: FeatureStore, chunk_edges: int) -> None:
-    if isinstance(chunk_edges, bool) or not isinstance(chunk_edges, int) or chunk_edges < 1:
-        raise InvalidInputError(
-            f"chunk_edges must be a positive int, got {chunk_edges!r}", "chunk_edges"
-        )
+def _check_inputs(
+    model: GNN, graph: GraphStore, features: FeatureStore, chunk_edges: int, chunk_bytes: int
+) -> None:
+    for name, value in (("chunk_edges", chunk_edges), ("chunk_bytes", chunk_bytes)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise InvalidInputError(f"{name} must be a positive int, got {value!r}", name)
     if features.num_nodes != graph.num_nodes:
         raise InvalidInputError(
             f"features have {features.num_nodes} rows, the graph {graph.num_nodes} nodes",
@@ -100,6 +110,7 @@ def precompute_embeddings(
     model_version: str,
     out_dir: Path | None = None,
     chunk_edges: int = 2_000_000,
+    chunk_bytes: int = 512 << 20,
     progress: bool = True,
 ) -> EmbeddingStore:
     """Every layer's output of every node of ``graph``, by layer-wise full-graph inference.
@@ -107,10 +118,12 @@ def precompute_embeddings(
     With ``out_dir`` the layers are written straight into ``out_dir/layer{l}.bin`` (then
     ``meta.json``, last) and the returned store maps those files; without, they are in-memory
     arrays. The store records ``model_version`` and the graph version it was computed on.
-    ``chunk_edges`` bounds the in-edges (and nodes) of one chunk; ``progress`` shows a tqdm bar
-    over chunks x layers on stderr.
+    ``chunk_edges`` bounds the in-edges (and nodes) of one chunk, and ``chunk_bytes`` bounds them
+    further so that a chunk's per-edge messages of the layer's input width fit in that many bytes
+    (wide raw features get smaller chunks); ``progress`` shows a tqdm bar over chunks x layers on
+    stderr.
     """
-    _check_inputs(model, graph, features, chunk_edges)
+    _check_inputs(model, graph, features, chunk_edges, chunk_bytes)
     dims = layer_dims(model)
     device = next(model.parameters()).device
     graph_version = graph.acquire_read()  # one consistent snapshot of a mutable graph
@@ -126,9 +139,12 @@ def precompute_embeddings(
             for old in root.glob("layer*.bin"):  # layers of an earlier, deeper model
                 if old.name not in keep:
                     old.unlink()
-        bounds = chunk_bounds(indptr, chunk_edges)
+        widths = [model.config.in_dim, *dims[:-1]]
+        per_layer = [
+            chunk_bounds(indptr, layer_chunk_edges(chunk_edges, chunk_bytes, w)) for w in widths
+        ]
         bar = tqdm(
-            total=(bounds.size - 1) * len(dims),
+            total=sum(b.size - 1 for b in per_layer),
             desc="precompute",
             unit="chunk",
             file=sys.stderr,
@@ -147,6 +163,7 @@ def precompute_embeddings(
                         out = stores.create_layer(out_dir, index + 1, n, dim)
                     prev = layers[-1] if layers else None
                     bar.set_postfix(layer=index + 1)
+                    bounds = per_layer[index]
                     for lo, hi in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True):
                         block, src_ids = chunk_block(indptr, indices, lo, hi)
                         if prev is None:
@@ -186,6 +203,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--chunk-edges", type=int, default=2_000_000, help="in-edges per chunk (bounds memory)"
+    )
+    p.add_argument(
+        "--chunk-mb",
+        type=int,
+        default=512,
+        help="MiB of per-edge messages per chunk (wide features get smaller chunks)",
     )
     p.add_argument(
         "--update-log",
@@ -251,6 +274,7 @@ def run(args: argparse.Namespace) -> int:
             model_version=ckpt.version,
             out_dir=out,
             chunk_edges=args.chunk_edges,
+            chunk_bytes=args.chunk_mb << 20,
             progress=not args.no_progress,
         )
     seconds = time.perf_counter() - start

@@ -1,0 +1,264 @@
+"""CGPService: SRPE new-node inference with computation graph parallelism on a local Ray cluster.
+
+The master (this object) hash-partitions the stored graph, features and PEs over P workers once
+(:mod:`~gnnserve.deploy.cgp.partition`), starts one :class:`~.worker.CGPWorker` actor per
+partition and has them join a gloo process group. Per request it only validates and splits the
+request (query features to the query's owner, edges to their source's owner) and collects each
+worker's query rows; the computation graph is built and executed by the workers, which exchange
+candidate statistics and per-layer partial aggregations among themselves (OMEGA §6.1).
+
+The answer is the one ``NewNodeInference.run(new, "srpe", gamma, policy, seed=seed)`` gives,
+up to float summation order. The ``oracle`` policy is refused: it needs exact embeddings of
+every candidate, which CGP never builds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import ray
+import torch
+
+from gnnserve.deploy.cgp.layers import GATParams, GCNParams, LayerParams, SAGEParams
+from gnnserve.deploy.cgp.partition import build_partitions, split_request
+from gnnserve.deploy.cgp.worker import CGPWorker, RunSpec, WorkerOutput
+from gnnserve.deploy.dgs.service import start_ray
+from gnnserve.embeddings.base import EmbeddingStore
+from gnnserve.embeddings.newnodes import check_new_nodes
+from gnnserve.embeddings.policies import DEFAULT_POLICY, importance_scores
+from gnnserve.embeddings.result import check_run_options
+from gnnserve.errors import InvalidInputError
+from gnnserve.features.base import FeatureStore
+from gnnserve.graph.base import GraphStore
+from gnnserve.types import NewNodes
+
+if TYPE_CHECKING:  # the workers import this module: keep torch_geometric out of them
+    from gnnserve.models.zoo import GNN
+
+__all__ = ["CGPResult", "CGPService"]
+
+_WorkerActor = ray.remote(num_cpus=0)(CGPWorker)
+
+
+@dataclass
+class CGPResult:
+    """Predictions for the new nodes of one request, in request order, with traffic counts."""
+
+    logits: torch.Tensor  # float32 [m, C]: layer-k output of every new node
+    embedding: torch.Tensor  # float32 [m, H]: layer-k input of every new node
+    recomputed: np.ndarray  # int64 [s] existing ids whose PEs were recomputed (S), ascending
+    num_candidates: int  # |R|
+    bytes_sent: int  # bytes the workers sent each other (request payload excluded), all workers
+    plain_bytes: int  # bytes one worker (0) would fetch to build the same SRPE graph itself
+    request_bytes: int  # payload the master sent the workers (features and edge ids)
+    worker_ms: list[float]  # wall time of each worker's part, milliseconds
+    total_ms: float  # wall time of ``run``, milliseconds
+
+
+def _count(value: object, field: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
+        raise InvalidInputError(f"{field} must be an int >= 1, got {value!r}", field)
+    return int(value)
+
+
+def _free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (the gloo rendezvous)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _tensor(t: torch.Tensor | None) -> torch.Tensor | None:
+    return None if t is None else t.detach().cpu().clone()
+
+
+def _layer(arch: str, conv: Any) -> LayerParams:
+    """The weights of one PyG layer of ``arch`` as plain tensors (refusing unsupported
+    options: SAGE projection / normalisation, GAT residual / edge features)."""
+    if arch == "gcn":
+        return GCNParams(conv.lin.weight.detach().cpu().clone(), _tensor(conv.bias))
+    if arch == "sage":
+        if conv.aggr != "mean" or conv.project or conv.normalize or not conv.root_weight:
+            message = "CGP supports SAGE layers with mean aggregation and root weight only"
+            raise InvalidInputError(message, "model")
+        lin_l, lin_r = conv.lin_l, conv.lin_r
+        weight_r = lin_r.weight.detach().cpu().clone()
+        return SAGEParams(lin_l.weight.detach().cpu().clone(), _tensor(lin_l.bias), weight_r)
+    if arch == "gat":
+        if conv.lin is None or conv.res is not None or conv.edge_dim is not None:
+            raise InvalidInputError("CGP supports GAT layers without residual or edges", "model")
+        heads, width = conv.heads, conv.out_channels
+        return GATParams(
+            weight=conv.lin.weight.detach().cpu().clone(),
+            att_src=conv.att_src.detach().cpu().reshape(heads, width).clone(),
+            att_dst=conv.att_dst.detach().cpu().reshape(heads, width).clone(),
+            bias=_tensor(conv.bias),
+            concat=bool(conv.concat),
+            negative_slope=float(conv.negative_slope),
+        )
+    raise InvalidInputError(f"CGP does not support the {arch!r} architecture", "model")
+
+
+def layer_params(model: GNN) -> list[LayerParams]:
+    """Every layer of ``model`` as the plain tensors a :class:`CGPWorker` runs."""
+    arch = model.config.arch
+    return [_layer(arch, conv) for conv in model.convs]
+
+
+def check_stores(
+    model: GNN, graph: GraphStore, features: FeatureStore, embeddings: EmbeddingStore
+) -> None:
+    """InvalidInputError unless features and PEs (layers 1..k-1) fit the graph and the model."""
+    cfg, n = model.config, graph.num_nodes
+    if features.num_nodes != n or features.dim != cfg.in_dim:
+        raise InvalidInputError(
+            f"features are [{features.num_nodes}, {features.dim}], the graph has {n} nodes and "
+            f"the model reads {cfg.in_dim} features",
+            "features",
+        )
+    if embeddings.meta.num_nodes != n or embeddings.num_layers < cfg.num_layers - 1:
+        raise InvalidInputError(
+            f"precomputed embeddings ({embeddings.meta.num_nodes} rows, "
+            f"{embeddings.num_layers} layers) do not cover {n} nodes x {cfg.num_layers - 1} "
+            "hidden layers",
+            "embeddings",
+        )
+    dims = embeddings.meta.dims[: cfg.num_layers - 1]
+    if any(d != cfg.hidden_dim for d in dims):
+        raise InvalidInputError(
+            f"precomputed hidden widths {dims} differ from the model's {cfg.hidden_dim}",
+            "embeddings",
+        )
+
+
+class CGPService:
+    """P workers answering new-node requests with SRPE + computation graph parallelism.
+
+    ``embeddings`` must hold layers 1..k-1 of ``model`` on ``graph``; ``importance`` (float64
+    [N]) defaults to :func:`importance_scores` of the graph. Uses the running Ray instance or
+    starts a local one (``num_cpus`` logical CPUs; the workers reserve none). Each worker runs
+    ``threads_per_worker`` torch threads; collectives time out after ``timeout_s`` seconds.
+    Requests are served one at a time (they share the process group). Close with ``close()``
+    or use as a context manager.
+    """
+
+    def __init__(
+        self,
+        model: GNN,
+        graph: GraphStore,
+        features: FeatureStore,
+        embeddings: EmbeddingStore,
+        num_workers: int = 2,
+        *,
+        importance: np.ndarray | None = None,
+        threads_per_worker: int = 1,
+        num_cpus: int | None = None,
+        timeout_s: float = 120.0,
+    ) -> None:
+        self.num_workers = _count(num_workers, "num_workers")
+        threads = _count(threads_per_worker, "threads_per_worker")
+        self.model = model.eval()
+        check_stores(model, graph, features, embeddings)
+        layers = layer_params(model)
+        self.num_nodes, self.num_layers = graph.num_nodes, model.config.num_layers
+        if importance is None:
+            importance = importance_scores(graph.in_degree(), *graph.csr())
+        importance = np.asarray(importance, dtype=np.float64)
+        if importance.shape != (self.num_nodes,):
+            raise InvalidInputError(
+                f"importance must have shape [{self.num_nodes}], got {list(importance.shape)}",
+                "importance",
+            )
+        parts = build_partitions(
+            graph, features, embeddings, self.num_workers, self.num_layers, importance
+        )
+        self._lock = threading.Lock()
+        self._owns_ray = start_ray(num_cpus or self.num_workers)
+        self._workers: list[Any] = [_WorkerActor.remote(p, layers, threads) for p in parts]
+        try:
+            port = _free_port()
+            ray.get([w.connect.remote(port, timeout_s) for w in self._workers])
+        except BaseException:
+            self.close()
+            raise
+
+    def run(
+        self, new: NewNodes, gamma: float, policy: str = DEFAULT_POLICY, seed: int = 0
+    ) -> CGPResult:
+        """Logits and embeddings of the new nodes of ``new`` (SRPE with budget ``gamma``)."""
+        start = time.perf_counter()
+        new = check_new_nodes(new, self.num_nodes, self.model.config.in_dim)
+        opts = check_run_options(gamma, policy, None, seed, self.num_layers)
+        if opts.policy == "oracle":
+            raise InvalidInputError(
+                "oracle policy is not supported by CGP: it needs the exact embeddings of every "
+                "candidate, which CGP never builds",
+                "policy",
+            )
+        if not self._workers:
+            raise RuntimeError("CGPService is closed (by the caller, or after a worker failed)")
+        spec = RunSpec(opts.gamma, opts.policy, opts.seed)
+        parts = split_request(new, self.num_nodes, self.num_workers)
+        with self._lock:
+            refs = [w.run.remote(p, spec) for w, p in zip(self._workers, parts, strict=True)]
+            outs = self._gather(refs)
+        return self._assemble(new.count, outs, sum(p.nbytes() for p in parts), start)
+
+    def _gather(self, refs: list[Any]) -> list[WorkerOutput]:
+        """Every worker's output; on the first failure the service is closed (the others may be
+        blocked in a collective, the group is out of step) and the error re-raised."""
+        pending = list(refs)
+        try:
+            while pending:
+                ready, pending = ray.wait(pending, num_returns=1)
+                ray.get(ready)
+        except BaseException:
+            self.close()
+            raise
+        return ray.get(refs)  # type: ignore[no-any-return]
+
+    def _assemble(
+        self, m: int, outs: list[WorkerOutput], request_bytes: int, start: float
+    ) -> CGPResult:
+        logits = torch.empty(m, outs[0].logits.size(1))
+        embedding = torch.empty(m, outs[0].embedding.size(1))
+        for out in outs:
+            rows = torch.as_tensor(np.array(out.queries))  # Ray hands back read-only arrays
+            logits[rows] = out.logits
+            embedding[rows] = out.embedding
+        return CGPResult(
+            logits=logits,
+            embedding=embedding,
+            recomputed=outs[0].recomputed,
+            num_candidates=outs[0].num_candidates,
+            bytes_sent=sum(o.bytes_sent for o in outs),
+            plain_bytes=sum(o.plain_bytes for o in outs),
+            request_bytes=request_bytes,
+            worker_ms=[o.compute_ms for o in outs],
+            total_ms=(time.perf_counter() - start) * 1e3,
+        )
+
+    def close(self) -> None:
+        """Leave the process group, stop the workers, and Ray if this service started it."""
+        workers, self._workers = self._workers, []
+        if workers:
+            # a dead or hung worker is killed below anyway
+            with contextlib.suppress(Exception):
+                ray.get([w.close.remote() for w in workers], timeout=30)
+            for actor in workers:
+                ray.kill(actor)
+        if self._owns_ray:
+            self._owns_ray = False
+            ray.shutdown()
+
+    def __enter__(self) -> CGPService:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

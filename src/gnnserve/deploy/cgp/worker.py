@@ -1,0 +1,356 @@
+"""A CGP worker (a Ray actor process): builds and runs its part of every SRPE computation graph.
+
+Per request (OMEGA §6.1), with every worker running the same steps in lock step over a gloo
+process group:
+
+1. candidates: each worker knows exactly the candidates it owns (the reverse direction
+   ``u -> q`` of each request edge has source ``u``): their ``|N_Q(u)|``, stored in-degree and
+   importance. One all-gather gives every worker the global :class:`Candidates`, so each calls
+   the same :func:`select_targets` and gets the same recomputed set S; C = Q then S.
+2. layers 1..k-1 compute C, layer k computes Q. Per layer each worker aggregates the messages of
+   its own sources (features at layer 1; computed rows for sources in C, their PEs otherwise, at
+   layers >= 2) into a partial per destination, sends each destination's partial to the
+   destination's owner (``all_to_all_single``), and the owner merges them and applies the self
+   term, bias and activation (:mod:`gnnserve.deploy.cgp.merge`).
+
+GCN uses the single-process normalisation ``1 / sqrt((d_j + 1)(d_i + 1))`` with ``d`` the
+in-degree in G' (request in-edges counted for Q and S); SAGE exchanges (sum, count); GAT first
+all-gathers each destination's attention term, then exchanges softmax partials; the owner adds
+the self loop. GCN and SAGE aggregate the source rows in place (one sparse matmul per row table,
+no per-edge message tensor) and project the partial when the layer narrows it, so the exchange
+carries ``min(in, out)`` columns. Bytes sent to other workers are counted
+(``Exchange.bytes_sent``).
+
+Workers get each layer's weights as plain tensors (:data:`LayerParams`), not the PyG model: the
+worker processes then never import torch_geometric (seconds of start-up per actor).
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from gnnserve.deploy.cgp import merge
+from gnnserve.deploy.cgp.exchange import Exchange
+from gnnserve.deploy.cgp.layers import (
+    GATParams,
+    GCNParams,
+    LayerParams,
+    LocalBlock,
+    SAGEParams,
+    Shuffle,
+    SourceRows,
+    gat_layer,
+    gcn_layer,
+    sage_layer,
+)
+from gnnserve.deploy.cgp.partition import Partition, RequestPart, owner
+from gnnserve.embeddings.policies import Candidates, PolicyInputs, budget, select_targets
+
+__all__ = ["CGPWorker", "Layout", "RunSpec", "WorkerOutput"]
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """Validated options of one request (``oracle`` is refused before it reaches a worker)."""
+
+    gamma: float  # recomputation budget in [0, 1]
+    policy: str  # query_edges_ratio | importance | random
+    seed: int  # random policy seed
+
+
+@dataclass
+class WorkerOutput:
+    """One worker's share of a request's answer."""
+
+    queries: np.ndarray  # int64 [m_p] query indices owned by the worker
+    logits: torch.Tensor  # float32 [m_p, C]
+    embedding: torch.Tensor  # float32 [m_p, H]: layer-k inputs of those queries
+    recomputed: np.ndarray  # int64 [s] S (identical on every worker)
+    num_candidates: int  # |R|
+    bytes_sent: int  # bytes this worker sent to other workers, all collectives together
+    plain_bytes: int  # bytes worker 0 would fetch from this worker in the plain scheme
+    compute_ms: float  # wall time of the worker's ``run``, milliseconds
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The destinations of one request (C = Q then S), identical on every worker."""
+
+    num_nodes: int  # N
+    num_queries: int  # m
+    recomputed: np.ndarray  # int64 [s] S ascending
+    computed: np.ndarray  # int64 [m + s] C global ids
+    owners: np.ndarray  # int64 [m + s] owning worker of each C entry
+
+    def position(self, ids: np.ndarray) -> np.ndarray:
+        """int64 position of each id in C, -1 for ids outside C."""
+        n, s = self.num_nodes, self.recomputed
+        pos = np.full(ids.size, -1, dtype=np.int64)
+        query = ids >= n
+        pos[query] = ids[query] - n
+        if s.size:
+            at = np.minimum(np.searchsorted(s, ids[~query]), s.size - 1)
+            pos[~query] = np.where(s[at] == ids[~query], self.num_queries + at, -1)
+        return pos
+
+    def owned(self, n_dst: int, world: int) -> list[np.ndarray]:
+        """Per worker: the positions among the first ``n_dst`` of C it owns, ascending."""
+        own = self.owners[:n_dst]
+        return [np.flatnonzero(own == r) for r in range(world)]
+
+
+def _local_block(
+    layout: Layout, src_ids: np.ndarray, dst_pos: np.ndarray, n_dst: int
+) -> LocalBlock:
+    sources, inverse = np.unique(src_ids, return_inverse=True)
+    loop = torch.from_numpy(src_ids == layout.computed[dst_pos])
+    return LocalBlock(
+        sources, torch.from_numpy(inverse.reshape(-1)), torch.from_numpy(dst_pos), loop, n_dst
+    )
+
+
+class CGPWorker:
+    """Holds one :class:`Partition` and the model's layers; answers its part of every request.
+
+    Created as a Ray actor (``ray.remote(num_cpus=0)``) by :class:`~.service.CGPService`;
+    ``connect`` joins the gloo group, then ``run`` is called on every worker for each request.
+    ``layers``: the model's layers, input layer first (ReLU between them, eval mode: no
+    dropout); ``threads``: torch intra-op threads of this process.
+    """
+
+    def __init__(self, part: Partition, layers: Sequence[LayerParams], threads: int = 1) -> None:
+        torch.set_num_threads(max(1, int(threads)))
+        self.part = part
+        self.rank, self.world = part.rank, part.num_parts
+        with warnings.catch_warnings():  # Ray hands the arrays over read-only; they are only read
+            warnings.filterwarnings("ignore", message=".*not writable.*")
+            self.features = torch.from_numpy(part.features)
+            self.pes = [torch.from_numpy(pe) for pe in part.pes]
+        self.layers = list(layers)
+        self.num_layers = len(self.layers)
+        self._scratch = np.zeros(0)  # importance of candidates, indexed by global id
+        self.comm = Exchange(self.rank, self.world)
+
+    def connect(self, port: int, timeout_s: float = 60.0) -> int:
+        """Join the gloo process group rendezvousing at 127.0.0.1:``port``; returns the rank."""
+        dist.init_process_group(
+            "gloo",
+            init_method=f"tcp://127.0.0.1:{port}",
+            rank=self.rank,
+            world_size=self.world,
+            timeout=timedelta(seconds=timeout_s),
+        )
+        return self.rank
+
+    def close(self) -> None:
+        """Leave the process group."""
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+    # ------------------------------------------------------------------ request
+
+    def run(self, req: RequestPart, spec: RunSpec) -> WorkerOutput:
+        """This worker's part of one request; every worker of the group must be called."""
+        start = time.perf_counter()
+        self.comm.bytes_sent = 0
+        with torch.inference_mode():
+            cands, importance = self._candidates(req)
+            inputs = self._inputs(spec, cands, importance)
+            targets = select_targets(spec.policy, spec.gamma, cands, inputs)
+            layout = self._layout(req.num_queries, targets)
+            extra = np.unique(req.src, return_counts=True)
+            blocks = self._blocks(req, layout)
+            logits, embedding = self._forward(req, layout, blocks, extra)
+        return WorkerOutput(
+            req.queries,
+            logits,
+            embedding,
+            targets,
+            cands.count,
+            self.comm.bytes_sent,
+            self._plain_bytes(layout, blocks) if self.rank else 0,
+            (time.perf_counter() - start) * 1e3,
+        )
+
+    def _candidates(self, req: RequestPart) -> tuple[Candidates, np.ndarray]:
+        """The global candidates and their importance: each worker contributes the ones it
+        owns (the sources of its request edges into queries)."""
+        n = self.part.num_nodes
+        ids, counts = np.unique(req.src[(req.src < n) & (req.dst >= n)], return_counts=True)
+        rows = ids // self.world
+        imp = self.part.importance[rows].view(np.int64)  # float64 bits travel as int64
+        local = np.stack([ids, counts, self.part.in_degree[rows], imp], axis=1)
+        table = self.comm.all_gather(torch.from_numpy(np.ascontiguousarray(local))).numpy()
+        table = table[np.argsort(table[:, 0], kind="stable")]
+        cands = Candidates(table[:, 0].copy(), table[:, 1].copy(), table[:, 2].copy())
+        return cands, table[:, 3].copy().view(np.float64)
+
+    def _inputs(self, spec: RunSpec, cands: Candidates, importance: np.ndarray) -> PolicyInputs:
+        """Policy side information, as the single-process path builds it."""
+        partial = 0 < budget(spec.gamma, cands.count) < cands.count
+        if not (partial and spec.policy == "importance"):
+            return PolicyInputs(seed=spec.seed)
+        if self._scratch.size != self.part.num_nodes:
+            self._scratch = np.zeros(self.part.num_nodes)
+        self._scratch[cands.nodes] = importance  # the policy reads the candidates' entries only
+        return PolicyInputs(importance=self._scratch, seed=spec.seed)
+
+    def _layout(self, m: int, targets: np.ndarray) -> Layout:
+        n = self.part.num_nodes
+        computed = np.concatenate([n + np.arange(m, dtype=np.int64), targets])
+        return Layout(n, m, targets, computed, owner(computed, self.world, n))
+
+    def _blocks(self, req: RequestPart, layout: Layout) -> list[LocalBlock]:
+        """Local blocks of layers 1..k: the C block (k > 1) repeated, then the Q block."""
+        n, m = layout.num_nodes, layout.num_queries
+        into_q = req.dst >= n
+        q_block = _local_block(layout, req.src[into_q], req.dst[into_q] - n, m)
+        if self.num_layers == 1:
+            return [q_block]
+        stored_src, at = self.part.in_edges(layout.recomputed)
+        pos = layout.position(req.dst)
+        src = np.concatenate([stored_src, req.src[pos >= 0]])
+        dst = np.concatenate([m + at, pos[pos >= 0]])
+        c_block = _local_block(layout, src, dst, layout.computed.size)
+        return [c_block] * (self.num_layers - 1) + [q_block]
+
+    # ------------------------------------------------------------------ layers
+
+    def _forward(
+        self,
+        req: RequestPart,
+        layout: Layout,
+        blocks: list[LocalBlock],
+        extra: tuple[np.ndarray, np.ndarray],
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        k = self.num_layers
+        mine_c = layout.owned(layout.computed.size, self.world)[self.rank]
+        h_mine = torch.empty(0)
+        embedding = torch.empty(0)
+        deg = _Degrees(self.part, layout, extra)
+        for layer, block in enumerate(blocks):
+            owned = layout.owned(block.n_dst, self.world)
+            rows = self._rows(layer, req, layout, mine_c, h_mine)
+            h_self = rows.get(layout.computed[owned[self.rank]])
+            if layer == k - 1:
+                embedding = h_self
+            out = self._layer(self.layers[layer], rows, block, h_self, owned, deg, layout)
+            h_mine = F.relu(out) if layer < k - 1 else out
+        return h_mine, embedding
+
+    def _rows(
+        self,
+        layer: int,
+        req: RequestPart,
+        layout: Layout,
+        mine_c: np.ndarray,
+        h_mine: torch.Tensor,
+    ) -> SourceRows:
+        """Where the inputs of layer ``layer`` (0-based) of every owned node are."""
+        n, world = layout.num_nodes, self.world
+
+        if layer == 0:
+
+            def stored(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+                existing = ids < n
+                return existing, np.where(existing, ids, ids - n) // world
+
+            return SourceRows(self.features, req.features, stored)
+
+        def computed(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            pos = layout.position(ids)
+            in_c = pos >= 0
+            return in_c, np.where(in_c, np.searchsorted(mine_c, pos), ids // world)
+
+        return SourceRows(h_mine, self.pes[layer - 1], computed)
+
+    def _shuffle(self, owned: list[np.ndarray]) -> Shuffle:
+        """Send each destination's partial to its owner; the P partials of my destinations."""
+        mine = owned[self.rank].size
+
+        def run(partial: merge.Partial) -> list[merge.Partial]:
+            packed = merge.pack(partial)
+            send = packed[torch.from_numpy(np.concatenate(owned))]
+            recv = self.comm.all_to_all(send, [o.size for o in owned], [mine] * self.world)
+            return [merge.unpack(partial, chunk) for chunk in recv.split(mine)]
+
+        return run
+
+    def _layer(
+        self,
+        params: LayerParams,
+        rows: SourceRows,
+        block: LocalBlock,
+        h_self: torch.Tensor,
+        owned: list[np.ndarray],
+        deg: _Degrees,
+        layout: Layout,
+    ) -> torch.Tensor:
+        shuffle = self._shuffle(owned)
+        if isinstance(params, GCNParams):
+            mine = layout.computed[owned[self.rank]]
+            return gcn_layer(params, rows, block, h_self, deg(block.sources), deg(mine), shuffle)
+        if isinstance(params, SAGEParams):
+            return sage_layer(params, rows, block, h_self, shuffle)
+        alpha = self._alpha_dst(params, h_self, owned, block.n_dst)
+        return gat_layer(params, rows.get(block.sources), block, h_self, alpha, shuffle)
+
+    def _alpha_dst(
+        self, params: GATParams, h_self: torch.Tensor, owned: list[np.ndarray], n_dst: int
+    ) -> torch.Tensor:
+        """[n_dst, H] destination attention terms of every destination (owners broadcast)."""
+        mine = (params.project(h_self) * params.att_dst).sum(-1)
+        got = self.comm.broadcast_rows(mine, [o.size for o in owned])
+        out = torch.empty(n_dst, params.heads)
+        out[torch.from_numpy(np.concatenate(owned))] = got
+        return out
+
+    # ------------------------------------------------------------------ accounting
+
+    def _plain_bytes(self, layout: Layout, blocks: list[LocalBlock]) -> int:
+        """Bytes worker 0 would fetch from this worker to build the SRPE graph itself:
+        feature rows, PE rows and adjacency entries (8 bytes per edge id) owned here."""
+        n, k = layout.num_nodes, self.num_layers
+        mine_s = layout.recomputed[layout.recomputed % self.world == self.rank]
+        first = blocks[0].sources
+        rows0 = np.union1d(first[first < n], mine_s if k > 1 else np.empty(0, np.int64))
+        total = rows0.size * self.part.features.shape[1] * 4
+        for layer in range(1, k):
+            src = blocks[layer].sources
+            pe_rows = int(((src < n) & (layout.position(src) < 0)).sum())
+            total += pe_rows * self.part.pes[layer - 1].shape[1] * 4
+        if k > 1:
+            total += 8 * int(self.part.in_degree[mine_s // self.world].sum())
+        return int(total)
+
+
+class _Degrees:
+    """GCN degree (float32) of owned ids in G': stored in-degree without self loops, plus the
+    request in-edges for queries and recomputed nodes (single-process ``_gcn_degree``)."""
+
+    def __init__(
+        self, part: Partition, layout: Layout, extra: tuple[np.ndarray, np.ndarray]
+    ) -> None:
+        self.part, self.layout = part, layout
+        self.extra_ids, self.extra_counts = extra  # request edges are symmetric: out = in
+
+    def __call__(self, ids: np.ndarray) -> torch.Tensor:
+        n, world = self.layout.num_nodes, self.part.num_parts
+        deg = np.zeros(ids.size, dtype=np.float32)
+        existing = ids < n
+        deg[existing] = self.part.gcn_degree[ids[existing] // world]
+        extra = np.zeros(ids.size, dtype=np.int64)
+        if self.extra_ids.size:
+            at = np.minimum(np.searchsorted(self.extra_ids, ids), self.extra_ids.size - 1)
+            extra = np.where(self.extra_ids[at] == ids, self.extra_counts[at], 0)
+        in_c = self.layout.position(ids) >= 0
+        return torch.from_numpy(deg + np.where(in_c, extra, 0).astype(np.float32))
