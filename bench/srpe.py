@@ -199,7 +199,12 @@ def main() -> None:
     args.workdir.mkdir(parents=True, exist_ok=True)
     names = ["cora", "citeseer"] if args.quick else list(EPOCHS)
     gammas = (0.0, 0.05, 0.2, 1.0) if args.quick else GAMMAS
-    rows = [evaluate(n, arch, args, gammas) for n in names for arch in MODELS]
+    rows = []
+    for name in names:
+        for arch in MODELS:
+            rows.append(evaluate(name, arch, args, gammas))
+            partial = {"complete": False, "rows": rows}
+            write_results("srpe" + ("_quick" if args.quick else ""), partial)  # survives a crash
     targets = Targets()
     for r in rows:
         if r["dataset"] == "fb100_cornell5" and r["arch"] == "sage":
@@ -215,6 +220,7 @@ def main() -> None:
         0.5,
     )
     payload = {
+        "complete": True,
         "protocol": "OMEGA 8.1: 25% of test nodes held out (seed 0), requests of up to "
         f"{BATCH} queries with their edges to the remaining graph; drop = full - mode, points",
         "epochs": EPOCHS,
