@@ -33,15 +33,12 @@ import torch
 import gnnserve  # noqa: F401  (first: sets the OpenMP wait policy)
 from common import DATASETS, RESULTS, Targets, save_figure, write_results
 from gnnserve.deploy.cgp import CGPService
-from gnnserve.embeddings.precompute import precompute_embeddings
 from gnnserve.embeddings.srpe import NewNodeInference
-from gnnserve.embeddings.stores import open_embeddings
-from gnnserve.features import open_feature_store
 from gnnserve.graph import open_graph_store
-from gnnserve.models.checkpoint import load_checkpoint, save_checkpoint
+from gnnserve.models.checkpoint import save_checkpoint
 from gnnserve.models.zoo import GNN, ModelConfig
 from gnnserve.types import NewNodes
-from srpe_protocol import MODELS, Workload, query_batches, split
+from srpe_protocol import MODELS, Workload, embeddings_for, query_batches, split
 
 GAMMA = 0.1
 BATCH = 64
@@ -49,7 +46,6 @@ QUERIES = 500
 WORKERS = (2, 4)
 TOL = 1e-4
 ARCH = "sage"
-CHUNK_BYTES = 1 << 30  # bound on one precompute chunk's gathered messages (fb100: 4,735 features)
 
 
 def parse() -> argparse.Namespace:
@@ -73,29 +69,6 @@ def checkpoint(work: Workload, workdir: Path) -> Path:
         torch.manual_seed(0)
         save_checkpoint(out, GNN(config).eval(), config, {"note": "random init (bench/cgp.py)"})
     return out
-
-
-def embeddings(store: Path, ckpt_dir: Path):  # type: ignore[no-untyped-def]
-    """``srpe_protocol.embeddings_for`` (same cache directory), with precompute chunks bounded
-    to ~1 GiB of messages: its default (2M edges) gathers 27 GB on fb100's wide features."""
-    ckpt = load_checkpoint(ckpt_dir)
-    graph, features = open_graph_store(store), open_feature_store(store)
-    out = ckpt_dir / "embeddings"
-    if (out / "meta.json").exists():
-        pes = open_embeddings(out)
-    else:
-        chunk = max(1024, CHUNK_BYTES // (4 * max(features.dim, ckpt.config.hidden_dim)))
-        pes = precompute_embeddings(
-            ckpt.model,
-            graph,
-            features,
-            model_version=ckpt.version,
-            out_dir=out,
-            chunk_edges=chunk,
-            progress=False,
-        )
-    pes.check(ckpt.version, graph.version)
-    return ckpt, graph, features, pes
 
 
 def first_queries(work: Workload, count: int) -> Workload:
@@ -213,7 +186,7 @@ def main() -> None:
     start = time.perf_counter()
     work = split(DATASETS / f"{name}.npz", args.workdir)
     ckpt_dir = checkpoint(work, args.workdir)
-    setup = embeddings(work.store, ckpt_dir)
+    setup = embeddings_for(work.store, ckpt_dir)
     work = first_queries(work, QUERIES)
     batches = [new for _, new in query_batches(work, BATCH)]
     batches = batches[:3] if args.quick else batches

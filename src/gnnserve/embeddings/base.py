@@ -10,12 +10,17 @@ from __future__ import annotations
 
 import abc
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from gnnserve.data.validate import check_node_ids
 from gnnserve.errors import InvalidInputError, StaleEmbeddingsError
+
+if TYPE_CHECKING:  # CGP workers import this module: keep torch_geometric (models.zoo) out
+    from gnnserve.features.base import FeatureStore
+    from gnnserve.models.zoo import ModelConfig
 
 
 @dataclass
@@ -98,3 +103,46 @@ class ArrayEmbeddings(EmbeddingStore):
 
     def _layer(self, layer: int) -> np.ndarray:
         return self._layers[layer - 1]
+
+
+def check_serving_stores(
+    config: ModelConfig, num_nodes: int, features: FeatureStore, embeddings: EmbeddingStore
+) -> None:
+    """InvalidInputError unless ``features`` and the PEs (layers 1..k-1) fit a graph of
+    ``num_nodes`` nodes and a model of ``config``: what new-node inference reads."""
+    n, k = num_nodes, config.num_layers
+    if features.num_nodes != n or features.dim != config.in_dim:
+        raise InvalidInputError(
+            f"features are [{features.num_nodes}, {features.dim}], the graph has "
+            f"{n} nodes and the model reads {config.in_dim} features",
+            "features",
+        )
+    meta = embeddings.meta
+    if meta.num_nodes != n:
+        raise InvalidInputError(
+            f"precomputed embeddings have {meta.num_nodes} rows, the graph has {n} nodes",
+            "embeddings",
+        )
+    if embeddings.num_layers < k - 1:
+        raise InvalidInputError(
+            f"precomputed embeddings hold {embeddings.num_layers} layers, a {k}-layer "
+            f"model needs {k - 1}",
+            "embeddings",
+        )
+    for layer in range(1, k):
+        if meta.dims[layer - 1] != config.hidden_dim:
+            raise InvalidInputError(
+                f"precomputed layer {layer} has width {meta.dims[layer - 1]}, the model's "
+                f"hidden width is {config.hidden_dim}",
+                "embeddings",
+            )
+
+
+def check_importance(importance: object, num_nodes: int) -> np.ndarray:
+    """``importance`` as float64 [num_nodes], or InvalidInputError naming the shape."""
+    out = np.asarray(importance, dtype=np.float64)
+    if out.shape != (num_nodes,):
+        raise InvalidInputError(
+            f"importance must have shape [{num_nodes}], got {list(out.shape)}", "importance"
+        )
+    return out

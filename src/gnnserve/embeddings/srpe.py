@@ -22,7 +22,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from gnnserve.embeddings.base import EmbeddingStore
+from gnnserve.embeddings.base import EmbeddingStore, check_importance, check_serving_stores
 from gnnserve.embeddings.newnodes import check_new_nodes
 from gnnserve.embeddings.overlay import AdjacencyOverlay, OverlayView
 from gnnserve.embeddings.plan import SrpePlan, block_to, build_srpe_plan, srpe_forward
@@ -94,47 +94,14 @@ class NewNodeInference:
         self.embeddings = embeddings
         self.num_layers = int(model.config.num_layers)
         self.num_nodes = int(graph.num_nodes)
-        self._check_stores()
+        check_serving_stores(model.config, self.num_nodes, features, embeddings)
         if importance is not None:
-            importance = np.asarray(importance, dtype=np.float64)
-            if importance.shape != (self.num_nodes,):
-                raise InvalidInputError(
-                    f"importance must have shape [{self.num_nodes}], got {list(importance.shape)}",
-                    "importance",
-                )
+            importance = check_importance(importance, self.num_nodes)
         self._importance = importance
         self._importance_lock = threading.Lock()
         self.overlay = AdjacencyOverlay(graph, max_new_nodes=max_new_nodes)
         self.device = next(model.parameters()).device
         self._gcn = model.config.arch == "gcn"
-
-    def _check_stores(self) -> None:
-        cfg, n, k = self.model.config, self.num_nodes, self.num_layers
-        if self.features.num_nodes != n or self.features.dim != cfg.in_dim:
-            raise InvalidInputError(
-                f"features are [{self.features.num_nodes}, {self.features.dim}], the graph has "
-                f"{n} nodes and the model reads {cfg.in_dim} features",
-                "features",
-            )
-        meta = self.embeddings.meta
-        if meta.num_nodes != n:
-            raise InvalidInputError(
-                f"precomputed embeddings have {meta.num_nodes} rows, the graph has {n} nodes",
-                "embeddings",
-            )
-        if self.embeddings.num_layers < k - 1:
-            raise InvalidInputError(
-                f"precomputed embeddings hold {self.embeddings.num_layers} layers, a {k}-layer "
-                f"model needs {k - 1}",
-                "embeddings",
-            )
-        for layer in range(1, k):
-            if meta.dims[layer - 1] != cfg.hidden_dim:
-                raise InvalidInputError(
-                    f"precomputed layer {layer} has width {meta.dims[layer - 1]}, the model's "
-                    f"hidden width is {cfg.hidden_dim}",
-                    "embeddings",
-                )
 
     @property
     def importance(self) -> np.ndarray:

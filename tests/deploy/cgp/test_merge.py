@@ -57,28 +57,21 @@ def check(got: torch.Tensor, want: torch.Tensor) -> None:
 CASES = [(seed, parts) for seed in range(3) for parts in (1, 2, 4, 7)]
 
 
+LINEAR_MERGES = {
+    "sum": (merge.partial_sum, merge.merge_sum, SumPartial, aggr.SumAggregation),
+    "mean": (merge.partial_mean, merge.merge_mean, MeanPartial, aggr.MeanAggregation),
+    "max": (merge.partial_max, merge.merge_max, MaxPartial, aggr.MaxAggregation),
+}
+
+
+@pytest.mark.parametrize("kind", list(LINEAR_MERGES))
 @pytest.mark.parametrize(("seed", "parts"), CASES)
-def test_sum(seed: int, parts: int) -> None:
+def test_partials_merge_to_the_pyg_aggregation(kind: str, seed: int, parts: int) -> None:
+    partial, merge_fn, partial_type, reference = LINEAR_MERGES[kind]
     msg, index, part = messages(seed, parts)
-    partials = split_partials(merge.partial_sum, msg, index, part, parts)
-    assert all(isinstance(p, SumPartial) for p in partials)
-    check(merge.merge_sum(partials), aggr.SumAggregation()(msg, index, dim_size=N_DST))
-
-
-@pytest.mark.parametrize(("seed", "parts"), CASES)
-def test_mean(seed: int, parts: int) -> None:
-    msg, index, part = messages(seed, parts)
-    partials = split_partials(merge.partial_mean, msg, index, part, parts)
-    assert all(isinstance(p, MeanPartial) for p in partials)
-    check(merge.merge_mean(partials), aggr.MeanAggregation()(msg, index, dim_size=N_DST))
-
-
-@pytest.mark.parametrize(("seed", "parts"), CASES)
-def test_max(seed: int, parts: int) -> None:
-    msg, index, part = messages(seed, parts)
-    partials = split_partials(merge.partial_max, msg, index, part, parts)
-    assert all(isinstance(p, MaxPartial) for p in partials)
-    check(merge.merge_max(partials), aggr.MaxAggregation()(msg, index, dim_size=N_DST))
+    partials = split_partials(partial, msg, index, part, parts)
+    assert all(isinstance(p, partial_type) for p in partials)
+    check(merge_fn(partials), reference()(msg, index, dim_size=N_DST))
 
 
 def test_max_partition_without_messages() -> None:

@@ -29,7 +29,7 @@ from gnnserve.deploy.cgp.layers import GATParams, GCNParams, LayerParams, SAGEPa
 from gnnserve.deploy.cgp.partition import build_partitions, split_request
 from gnnserve.deploy.cgp.worker import CGPWorker, RunSpec, WorkerOutput
 from gnnserve.deploy.dgs.service import start_ray
-from gnnserve.embeddings.base import EmbeddingStore
+from gnnserve.embeddings.base import EmbeddingStore, check_importance, check_serving_stores
 from gnnserve.embeddings.newnodes import check_new_nodes
 from gnnserve.embeddings.policies import DEFAULT_POLICY, importance_scores
 from gnnserve.embeddings.result import check_run_options
@@ -111,32 +111,6 @@ def layer_params(model: GNN) -> list[LayerParams]:
     return [_layer(arch, conv) for conv in model.convs]
 
 
-def check_stores(
-    model: GNN, graph: GraphStore, features: FeatureStore, embeddings: EmbeddingStore
-) -> None:
-    """InvalidInputError unless features and PEs (layers 1..k-1) fit the graph and the model."""
-    cfg, n = model.config, graph.num_nodes
-    if features.num_nodes != n or features.dim != cfg.in_dim:
-        raise InvalidInputError(
-            f"features are [{features.num_nodes}, {features.dim}], the graph has {n} nodes and "
-            f"the model reads {cfg.in_dim} features",
-            "features",
-        )
-    if embeddings.meta.num_nodes != n or embeddings.num_layers < cfg.num_layers - 1:
-        raise InvalidInputError(
-            f"precomputed embeddings ({embeddings.meta.num_nodes} rows, "
-            f"{embeddings.num_layers} layers) do not cover {n} nodes x {cfg.num_layers - 1} "
-            "hidden layers",
-            "embeddings",
-        )
-    dims = embeddings.meta.dims[: cfg.num_layers - 1]
-    if any(d != cfg.hidden_dim for d in dims):
-        raise InvalidInputError(
-            f"precomputed hidden widths {dims} differ from the model's {cfg.hidden_dim}",
-            "embeddings",
-        )
-
-
 class CGPService:
     """P workers answering new-node requests with SRPE + computation graph parallelism.
 
@@ -164,17 +138,12 @@ class CGPService:
         self.num_workers = _count(num_workers, "num_workers")
         threads = _count(threads_per_worker, "threads_per_worker")
         self.model = model.eval()
-        check_stores(model, graph, features, embeddings)
+        check_serving_stores(model.config, graph.num_nodes, features, embeddings)
         layers = layer_params(model)
         self.num_nodes, self.num_layers = graph.num_nodes, model.config.num_layers
         if importance is None:
             importance = importance_scores(graph.in_degree(), *graph.csr())
-        importance = np.asarray(importance, dtype=np.float64)
-        if importance.shape != (self.num_nodes,):
-            raise InvalidInputError(
-                f"importance must have shape [{self.num_nodes}], got {list(importance.shape)}",
-                "importance",
-            )
+        importance = check_importance(importance, self.num_nodes)
         parts = build_partitions(
             graph, features, embeddings, self.num_workers, self.num_layers, importance
         )
