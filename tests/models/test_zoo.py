@@ -15,6 +15,7 @@ from gnnserve.errors import InvalidInputError
 from gnnserve.features import open_feature_store
 from gnnserve.graph import GraphStore, open_graph_store
 from gnnserve.models.zoo import GNN, MODELS, ModelConfig, gcn_block_weights
+from gnnserve.sampling import NeighborSampler
 from gnnserve.types import Block
 
 CORA = Path(__file__).resolve().parents[2].parent / "shared" / "datasets" / "cora.npz"
@@ -131,11 +132,10 @@ def test_block_forward_equals_pyg_reference(cora, arch: str, layers: int) -> Non
 @pytest.mark.parametrize("layers", [2, 3])
 @pytest.mark.parametrize("arch", ARCHS)
 def test_sampler_full_fanout_equals_reference(cora, arch: str, layers: int) -> None:
-    sampling = pytest.importorskip("gnnserve.sampling", reason="sampler not written yet")
     graph, x = cora
     model, ref = _models(arch, layers, x.size(1))
     seeds = np.random.default_rng(10 + layers).choice(graph.num_nodes, 100, replace=False)
-    sg = sampling.NeighborSampler(graph, [-1] * layers).sample(seeds)
+    sg = NeighborSampler(graph, [-1] * layers).sample(seeds)
     nodes = sg.input_nodes
     deg = torch.from_numpy(graph.in_degree(nodes).astype(np.float32))
     with torch.inference_mode():
@@ -147,11 +147,10 @@ def test_sampler_full_fanout_equals_reference(cora, arch: str, layers: int) -> N
 def test_sampled_gcn_weights_rescale_by_sampled_share(cora) -> None:
     """Sampled GCN weights scale by d_i / s_i: for f(j) = sqrt(d_j + 1) every sample gives the
     full-neighbourhood aggregate sqrt(d_i + 1) exactly (the estimate is unbiased in general)."""
-    sampling = pytest.importorskip("gnnserve.sampling", reason="sampler not written yet")
     graph, _ = cora
     seeds = np.arange(300)
     for fanout in (1, 2, -1):
-        sg = sampling.NeighborSampler(graph, [fanout], seed=fanout).sample(seeds)
+        sg = NeighborSampler(graph, [fanout], seed=fanout).sample(seeds)
         deg = torch.from_numpy(graph.in_degree(sg.input_nodes).astype(np.float32))
         edge_index, weight = gcn_block_weights(sg.blocks[0], deg)
         f = (deg + 1).sqrt()

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import ray
 import torch
 
 from gnnserve.data.generators import sbm
@@ -26,7 +27,6 @@ from gnnserve.graph import GraphStore, open_graph_store
 from gnnserve.models.zoo import GNN, ModelConfig
 from gnnserve.types import NewNodes
 
-ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.distributed
 
 N, FEAT, HIDDEN, CLASSES = 240, 64, 16, 3

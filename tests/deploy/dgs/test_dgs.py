@@ -6,6 +6,7 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
+import ray
 
 from gnnserve.data.writer import build_csr
 from gnnserve.deploy.dgs import DGSService
@@ -14,7 +15,6 @@ from gnnserve.sampling.presample import DELETE, INSERT, PreSampler
 from gnnserve.types import SampledSubgraph
 from tests.conftest import random_simple_graph
 
-ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.distributed
 N = 2000
 
