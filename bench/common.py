@@ -8,7 +8,8 @@ import os
 import platform
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -98,3 +99,133 @@ def save_figure(fig: Any, path: Path) -> None:
     """Lay out and write a matplotlib figure as PNG."""
     fig.tight_layout()
     fig.savefig(path, dpi=120)
+
+
+def result_name(name: str, quick: bool) -> str:
+    """``<name>`` for a full run, ``<name>_quick`` for a smoke run (keeps full results intact)."""
+    return f"{name}_quick" if quick else name
+
+
+def set_threads(threads: int) -> dict[str, int]:
+    """Give torch (intra-op) and numba the same thread count in this process; return both."""
+    import numba
+    import torch
+
+    threads = max(1, min(int(threads), int(numba.config.NUMBA_NUM_THREADS)))
+    torch.set_num_threads(threads)
+    numba.set_num_threads(threads)
+    return {"torch_threads": torch.get_num_threads(), "numba_threads": numba.get_num_threads()}
+
+
+def interleaved_rounds(
+    arms: Mapping[str, Callable[[], float]],
+    rounds: int,
+    on_round: Callable[[int, dict[str, float]], None] | None = None,
+) -> dict[str, list[float]]:
+    """Run every arm once per round and return each arm's measurements in round order.
+
+    Arms run in the given order in even rounds and in reverse order in odd rounds (A B B A), so
+    a slow drift of the machine, or a cost paid by whichever arm runs first, falls on both sides
+    alike; list the arms to compare next to each other. ``on_round(r, values)`` is called after
+    each round (for printing). Summarise with ``median_range`` / ``ratios``.
+    """
+    names = list(arms)
+    out: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(rounds):
+        values = {}
+        for name in names if r % 2 == 0 else names[::-1]:
+            values[name] = float(arms[name]())
+            out[name].append(values[name])
+        if on_round is not None:
+            on_round(r, {name: values[name] for name in names})
+    return out
+
+
+def median_range(values: Sequence[float]) -> dict[str, Any]:
+    """Median, min and max of per-round values, plus the values: the form results publish."""
+    v = np.asarray(values, dtype=float)
+    return {
+        "median": float(np.median(v)),
+        "min": float(v.min()),
+        "max": float(v.max()),
+        "rounds": [float(x) for x in v],
+    }
+
+
+def ratios(numerator: Sequence[float], denominator: Sequence[float]) -> list[float]:
+    """Per-round ratios ``numerator[r] / denominator[r]`` (e.g. PyG time / gnnserve time)."""
+    if len(numerator) != len(denominator):
+        raise ValueError(f"{len(numerator)} numerators for {len(denominator)} denominators")
+    return [float(a) / float(b) for a, b in zip(numerator, denominator, strict=True)]
+
+
+def fmt_range(s: Mapping[str, Any], spec: str = ".2f", unit: str = "") -> str:
+    """``median [min-max]`` of a ``median_range`` dict, for printed lines."""
+    return f"{s['median']:{spec}}{unit} [{s['min']:{spec}}-{s['max']:{spec}}]"
+
+
+@dataclass
+class Capacity:
+    """Outcome of ``find_capacity``: highest passing rate, lowest failing rate above it."""
+
+    rate: float  # highest offered rate that passed (0.0 when none did)
+    first_fail: float | None  # lowest failing rate above ``rate`` (None: passed up to max_rate)
+    probes: list[tuple[float, bool]] = field(default_factory=list)  # (rate, passed), run order
+
+
+def find_capacity(
+    passes: Callable[[float], bool],
+    start: float,
+    factor: float = 2.0,
+    tolerance: float = 0.1,
+    min_rate: float = 1.0,
+    max_rate: float = float("inf"),
+) -> Capacity:
+    """Highest rate at which ``passes(rate)`` holds, known within ``tolerance`` (0.1 = 10%).
+
+    A coarse ladder from ``start`` (times ``factor`` while passing, divided by it while failing)
+    brackets the capacity between a passing and a failing rate; geometric bisection then narrows
+    the bracket until ``first_fail / rate <= 1 + tolerance``. Stops at ``max_rate`` (a pass there
+    gives ``first_fail=None``) and below ``min_rate`` (nothing passed: ``rate=0``). Rates are
+    requests per second for a load test, but any positive scale works.
+    """
+    if start <= 0 or factor <= 1 or tolerance <= 0:
+        raise ValueError("need start > 0, factor > 1, tolerance > 0")
+    cap = Capacity(0.0, None)
+
+    def probe(rate: float) -> bool:
+        ok = bool(passes(rate))
+        cap.probes.append((rate, ok))
+        return ok
+
+    rate = min(start, max_rate)
+    if probe(rate):
+        lo, hi = rate, None
+        while hi is None and lo < max_rate:
+            rate = min(lo * factor, max_rate)
+            if probe(rate):
+                lo = rate
+            else:
+                hi = rate
+        if hi is None:
+            cap.rate = lo
+            return cap
+    else:
+        lo, hi = None, rate
+        while lo is None:
+            rate = hi / factor
+            if rate < min_rate:
+                cap.first_fail = hi
+                return cap
+            if probe(rate):
+                lo = rate
+            else:
+                hi = rate
+    while hi / lo > 1 + tolerance:
+        mid = float(np.sqrt(lo * hi))
+        if probe(mid):
+            lo = mid
+        else:
+            hi = mid
+    cap.rate, cap.first_fail = lo, hi
+    return cap
