@@ -4,7 +4,10 @@ One concession to the baseline: the NeighborSampler (its CSC conversion of the g
 once at start-up and handed to each request's NeighborLoader, as PyG's docs allow; building it
 per request would make the baseline far slower still.
 
-    python bench/baseline_server.py --store DIR --model CKPT --port 8100
+    python bench/baseline_server.py --store DIR --model CKPT --port 8100 [--torch-threads N]
+
+``--torch-threads`` sets torch's intra-op threads (default: torch's own, one per core);
+``GET /health`` reports the count in force.
 """
 
 from __future__ import annotations
@@ -59,8 +62,8 @@ def build_app(store: str, model_dir: str, fanouts: list[int]) -> FastAPI:
         return {"predictions": out.argmax(dim=1).tolist()}
 
     @app.get("/health")
-    def health() -> dict[str, bool]:
-        return {"ok": True}
+    def health() -> dict[str, object]:
+        return {"ok": True, "torch_threads": torch.get_num_threads()}
 
     return app
 
@@ -71,7 +74,10 @@ def main() -> None:
     parser.add_argument("--model", required=True)
     parser.add_argument("--port", type=int, default=8100)
     parser.add_argument("--fanouts", default="25,10")
+    parser.add_argument("--torch-threads", type=int, default=None, help="torch intra-op threads")
     args = parser.parse_args()
+    if args.torch_threads is not None:
+        torch.set_num_threads(args.torch_threads)
     app = build_app(args.store, args.model, [int(f) for f in args.fanouts.split(",")])
     uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning", access_log=False)
 

@@ -111,7 +111,7 @@ def set_threads(threads: int) -> dict[str, int]:
     import numba
     import torch
 
-    threads = max(1, min(int(threads), int(numba.config.NUMBA_NUM_THREADS)))
+    threads = max(1, min(int(threads), int(numba.config.NUMBA_NUM_THREADS)))  # type: ignore[attr-defined]
     torch.set_num_threads(threads)
     numba.set_num_threads(threads)
     return {"torch_threads": torch.get_num_threads(), "numba_threads": numba.get_num_threads()}
@@ -121,17 +121,22 @@ def interleaved_rounds(
     arms: Mapping[str, Callable[[], float]],
     rounds: int,
     on_round: Callable[[int, dict[str, float]], None] | None = None,
+    keep_going: Callable[[int], bool] | None = None,
 ) -> dict[str, list[float]]:
     """Run every arm once per round and return each arm's measurements in round order.
 
     Arms run in the given order in even rounds and in reverse order in odd rounds (A B B A), so
     a slow drift of the machine, or a cost paid by whichever arm runs first, falls on both sides
     alike; list the arms to compare next to each other. ``on_round(r, values)`` is called after
-    each round (for printing). Summarise with ``median_range`` / ``ratios``.
+    each round (for printing). ``keep_going(done)`` is asked before every round after the first
+    with the number of rounds done; False stops early (e.g. a wall-clock budget), so the lists
+    may be shorter than ``rounds``. Summarise with ``median_range`` / ``ratios``.
     """
     names = list(arms)
     out: dict[str, list[float]] = {name: [] for name in names}
     for r in range(rounds):
+        if r and keep_going is not None and not keep_going(r):
+            break
         values = {}
         for name in names if r % 2 == 0 else names[::-1]:
             values[name] = float(arms[name]())
@@ -153,10 +158,20 @@ def median_range(values: Sequence[float]) -> dict[str, Any]:
 
 
 def ratios(numerator: Sequence[float], denominator: Sequence[float]) -> list[float]:
-    """Per-round ratios ``numerator[r] / denominator[r]`` (e.g. PyG time / gnnserve time)."""
+    """Per-round ratios ``numerator[r] / denominator[r]`` (e.g. PyG time / gnnserve time).
+
+    A zero denominator gives ``inf`` (a baseline with no passing rate), or ``nan`` when the
+    numerator is zero too (nothing measured: no target can be met on it).
+    """
     if len(numerator) != len(denominator):
         raise ValueError(f"{len(numerator)} numerators for {len(denominator)} denominators")
-    return [float(a) / float(b) for a, b in zip(numerator, denominator, strict=True)]
+    return [_ratio(float(a), float(b)) for a, b in zip(numerator, denominator, strict=True)]
+
+
+def _ratio(a: float, b: float) -> float:
+    if b:
+        return a / b
+    return float("inf") if a else float("nan")
 
 
 def fmt_range(s: Mapping[str, Any], spec: str = ".2f", unit: str = "") -> str:
@@ -198,30 +213,22 @@ def find_capacity(
         cap.probes.append((rate, ok))
         return ok
 
-    rate = min(start, max_rate)
-    if probe(rate):
-        lo, hi = rate, None
-        while hi is None and lo < max_rate:
-            rate = min(lo * factor, max_rate)
-            if probe(rate):
-                lo = rate
-            else:
-                hi = rate
-        if hi is None:
+    lo, hi = 0.0, min(start, max_rate)  # invariant: lo passed (or is 0), hi is next to probe
+    while probe(hi):  # ladder up
+        lo = hi
+        if lo >= max_rate:
             cap.rate = lo
             return cap
-    else:
-        lo, hi = None, rate
-        while lo is None:
-            rate = hi / factor
-            if rate < min_rate:
-                cap.first_fail = hi
-                return cap
-            if probe(rate):
-                lo = rate
-            else:
-                hi = rate
-    while hi / lo > 1 + tolerance:
+        hi = min(lo * factor, max_rate)
+    while not lo:  # ladder down: hi failed
+        if hi / factor < min_rate:
+            cap.first_fail = hi
+            return cap
+        if probe(hi / factor):
+            lo = hi / factor
+        else:
+            hi = hi / factor
+    while hi / lo > 1 + tolerance:  # bisect: lo passed, hi failed
         mid = float(np.sqrt(lo * hi))
         if probe(mid):
             lo = mid

@@ -108,11 +108,11 @@ def block_ms(step, batches: list[np.ndarray]) -> float:  # type: ignore[no-untyp
     return float(np.median(time_calls(lambda _i: step(next(it)), len(batches) - WARMUP, WARMUP)))
 
 
-def pyg_block(pyg, sampler, batches: list[np.ndarray]) -> float:  # type: ignore[no-untyped-def]
-    """``block_ms`` for a NeighborLoader iterating the same seed batches in the same order."""
+def pyg_loader(pyg, sampler, batches: list[np.ndarray]):  # type: ignore[no-untyped-def]
+    """A NeighborLoader yielding ``batches`` in order (same seeds as gnnserve's blocks)."""
     from torch_geometric.loader import NeighborLoader
 
-    loader = NeighborLoader(
+    return NeighborLoader(
         pyg,
         num_neighbors=FANOUTS,
         batch_size=len(batches[0]),
@@ -120,8 +120,21 @@ def pyg_block(pyg, sampler, batches: list[np.ndarray]) -> float:  # type: ignore
         shuffle=False,
         neighbor_sampler=sampler,
     )
-    it = iter(loader)
+
+
+def pyg_block(pyg, sampler, batches: list[np.ndarray]) -> float:  # type: ignore[no-untyped-def]
+    """``block_ms`` for PyG over the same seed batches in the same order."""
+    it = iter(pyg_loader(pyg, sampler, batches))
     return block_ms(lambda _b: next(it), batches)
+
+
+def check_same_seeds(pyg, sampler, batches: list[np.ndarray]) -> None:  # type: ignore[no-untyped-def]
+    """Untimed: PyG's first two batches hold the seeds gnnserve gets (guards the pairing)."""
+    it = iter(pyg_loader(pyg, sampler, batches[:2]))
+    for want in batches[:2]:
+        got = next(it)
+        if not np.array_equal(got.n_id[: got.batch_size].numpy(), want):
+            raise AssertionError("PyG's loader does not yield the seed batches gnnserve gets")
 
 
 def bench_graph(name: str, quick: bool, rounds: int, workdir: Path) -> list[dict[str, Any]]:
@@ -136,6 +149,7 @@ def bench_graph(name: str, quick: bool, rounds: int, workdir: Path) -> list[dict
     arms = {}
     for bs in BATCHES:
         batches = [rng.integers(0, data.num_nodes, bs) for _ in range(WARMUP + timed(bs, quick))]
+        check_same_seeds(pyg, sampler, batches)
         arms[f"{bs}/gnnserve"] = lambda b=batches: block_ms(ours, b)
         arms[f"{bs}/pyg"] = lambda b=batches: pyg_block(pyg, sampler, b)
 
@@ -147,7 +161,7 @@ def bench_graph(name: str, quick: bool, rounds: int, workdir: Path) -> list[dict
     rows: list[dict[str, Any]] = []
     for bs in BATCHES:
         ours_ms, pyg_ms = times[f"{bs}/gnnserve"], times[f"{bs}/pyg"]
-        row = {
+        row: dict[str, Any] = {
             "batch_size": bs,
             "timed_batches_per_block": timed(bs, quick),
             "gnnserve_ms": median_range(ours_ms),

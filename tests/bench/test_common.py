@@ -41,6 +41,18 @@ def test_interleaved_rounds_reverse_the_order_every_other_round() -> None:
     assert seen[1][1] == {"a": 2.0, "b": 20.0, "c": 200.0}
 
 
+def test_interleaved_rounds_stop_when_keep_going_says_so() -> None:
+    asked: list[int] = []
+
+    def keep_going(done: int) -> bool:
+        asked.append(done)
+        return done < 2
+
+    out = common.interleaved_rounds({"a": lambda: 1.0, "b": lambda: 2.0}, 5, keep_going=keep_going)
+    assert out == {"a": [1.0, 1.0], "b": [2.0, 2.0]}
+    assert asked == [1, 2]
+
+
 def test_median_range_and_ratios_match_plain_numpy() -> None:
     rng = np.random.default_rng(3)
     for n in (1, 2, 5, 6):
@@ -50,6 +62,11 @@ def test_median_range_and_ratios_match_plain_numpy() -> None:
         assert (s["min"], s["max"]) == (float(v.min()), float(v.max()))
         assert s["rounds"] == [float(x) for x in v]
     assert common.ratios([2.0, 9.0, 1.0], [1.0, 3.0, 4.0]) == [2.0, 3.0, 0.25]
+    inf, nan = common.ratios([5.0, 0.0], [0.0, 0.0])
+    assert inf == float("inf") and np.isnan(nan)
+    targets = common.Targets()
+    targets.check("ratio", nan, 5.0)
+    assert targets.rows[0]["met"] is False
     with pytest.raises(ValueError, match="2 numerators for 3"):
         common.ratios([1.0, 2.0], [1.0, 2.0, 3.0])
     s = common.median_range([1.0, 3.0, 2.0])
