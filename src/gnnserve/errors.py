@@ -94,3 +94,13 @@ class MissingEmbeddingsError(GnnServeError):
 
     http_status = 409
     kind = "no_embeddings"
+
+
+class NonFiniteOutputError(GnnServeError):
+    """The model's outputs for some requested nodes are NaN or inf (refused, never serialised).
+
+    Their features, or their neighbours', hold values the model overflows on.
+    """
+
+    http_status = 500
+    kind = "non_finite_output"

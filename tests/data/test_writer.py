@@ -159,6 +159,35 @@ def test_bad_dtype_and_float16_overflow(tmp_path: Path) -> None:
     assert info.value.field == "dtype"
 
 
+@pytest.mark.parametrize("value", [65520.0, -65520.0, 1e5, 3e38])
+def test_values_overflowing_float16_are_refused(tmp_path: Path, value: float) -> None:
+    x = np.ones((4, 3), dtype=np.float32)
+    x[2, 1] = value  # finite in float32, inf in float16 (65520 rounds up to inf)
+    with pytest.raises(InvalidInputError) as info:
+        write_store(replace(_tiny(), x=x), tmp_path / "s", feature_dtype="float16")
+    assert info.value.field == "dtype" and "node 2" in info.value.message
+    assert not (tmp_path / "s" / layout.META).exists()
+
+
+def test_float16_keeps_values_that_round_to_its_largest(tmp_path: Path) -> None:
+    x = np.ones((4, 3), dtype=np.float32)
+    x[1] = [65519.0, -65510.0, 0.5]  # beyond float16's max 65504, but they round to it
+    write_store(replace(_tiny(), x=x), tmp_path / "s", feature_dtype="float16")
+    got = open_feature_store(tmp_path / "s").get(np.arange(4)).numpy()
+    np.testing.assert_array_equal(got, x.astype(np.float16).astype(np.float32))
+    assert got[1].tolist() == [65504.0, -65504.0, 0.5]
+
+
+@pytest.mark.parametrize("value", [1e39, -1e300])
+def test_float64_values_overflowing_float32_are_refused(tmp_path: Path, value: float) -> None:
+    x = np.ones((4, 3), dtype=np.float64)
+    x[3, 2] = value
+    with pytest.raises(InvalidInputError) as info:
+        write_store(replace(_tiny(), x=x), tmp_path / "s")
+    assert info.value.field == "x"
+    assert "float32" in info.value.message and "node 3" in info.value.message
+
+
 def test_existing_output_needs_overwrite(tmp_path: Path) -> None:
     write_store(_tiny(), tmp_path / "s")
     with pytest.raises(InvalidInputError) as info:

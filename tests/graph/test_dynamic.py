@@ -149,3 +149,36 @@ def test_log_of_another_store_is_refused(small_store: Path, tmp_path) -> None:
     write_store(GraphData("o", 3, np.array([[0, 1], [1, 2]]), np.zeros((3, 16), np.float32)), other)
     with pytest.raises(StoreFormatError, match="written for store"):
         _open(other, tmp_path / "log")
+
+
+@pytest.mark.parametrize(
+    ("op", "index"),
+    [
+        ({"op": "add_node", "features": [0.0] * 15 + [1e39]}, 0),
+        ({"op": "upsert_features", "node": 4, "features": [-1e39] + [0.0] * 15}, 1),
+        ({"op": "add_edge", "src": 1, "dst": 10**6}, 1),
+    ],
+)
+def test_replay_refuses_a_record_the_api_would_reject(
+    small_store: Path, tmp_path, op: dict, index: int
+) -> None:
+    from gnnserve.errors import StoreFormatError
+    from gnnserve.graph.wal import UpdateLog
+
+    log_path = tmp_path / "log"
+    store = _open(small_store, log_path)
+    store.apply([{"op": "add_edge", "src": 1, "dst": 2}])
+    store.close()
+    # a record written before values were checked after the float32 cast (or by hand)
+    ops = [op] if index == 0 else [{"op": "add_edge", "src": 3, "dst": 4}, op]
+    writer = UpdateLog(log_path, fsync="never")
+    writer.append(2, ops)
+    writer.append(3, [{"op": "add_edge", "src": 5, "dst": 6}])
+    writer.close()
+    before = log_path.read_bytes()
+    with pytest.raises(StoreFormatError) as info:
+        _open(small_store, log_path)
+    assert info.value.field == "wal"
+    message = info.value.message
+    assert "seq 2" in message and f"op {index}" in message and f"ops[{index}]" in message
+    assert log_path.read_bytes() == before  # neither truncated nor appended to

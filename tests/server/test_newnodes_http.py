@@ -126,6 +126,26 @@ def test_non_finite_features_are_400(pe_server) -> None:
     assert "NaN" in r.json()["error"]["message"]
 
 
+@pytest.mark.parametrize("output", ["label", "probs", "embedding"])
+def test_non_finite_new_node_outputs_are_json_500(pe_server, output: str) -> None:
+    # row 2 is finite in float32 but the model overflows on it; mode pe recomputes no
+    # existing node, so rows 0 and 1 stay finite
+    features = [FEATURES[0], FEATURES[1], [3e38] * 16]
+    new_nodes = _with(features=features)["new_nodes"]
+    r = _predict(pe_server, new_nodes=new_nodes, output=output, mode="pe")
+    assert r.status_code == 500 and r.headers["content-type"] == "application/json", r.text
+    err = r.json()["error"]
+    assert err["kind"] == "non_finite_output" and "node(s) [2]" in err["message"], err
+    body = {
+        "inputs": _oip_inputs(features),
+        "outputs": [{"name": output}],
+        "parameters": {"mode": "pe"},
+    }
+    r = httpx.post(f"{pe_server}/v2/models/sage/infer", json=body)
+    assert r.status_code == 500 and r.json()["error"]["kind"] == "non_finite_output", r.text
+    assert _predict(pe_server, new_nodes=NEW_NODES, output=output, mode="pe").status_code == 200
+
+
 def test_without_embeddings_new_nodes_get_409(live_server: str) -> None:
     r = _predict(live_server, new_nodes=NEW_NODES)
     assert r.status_code == 409, r.text
@@ -201,6 +221,7 @@ OIP_BAD = [
     (_oip_bad(1, datatype="FP32"), "new_node_edges"),
     (_oip_bad(0, datatype="INT64", data=[1] * 48), "new_node_features"),
     (_oip_bad(0, shape=[4, 16]), "new_node_features"),
+    (_oip_bad(0, data=[0.0] * 47 + [1e39]), "new_node_features"),  # inf in float32
     (_oip_bad(0, shape=[3, 15]), "new_node_features"),
     (_oip_bad(1, shape=[7, 2], data=[0, 2000] * 7), "new_node_edges"),
     (_oip_bad(2, data=[1, 1]), "new_node_new_edges"),

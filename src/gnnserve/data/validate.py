@@ -52,12 +52,25 @@ def check_features(x: np.ndarray, num_nodes: int) -> np.ndarray:
         raise InvalidInputError("features have zero columns", "x")
     if not np.issubdtype(arr.dtype, np.number) or np.issubdtype(arr.dtype, np.complexfloating):
         raise InvalidInputError(f"features must be real numbers, got {arr.dtype}", "x")
-    arr = arr.astype(np.float32, copy=False)
-    finite = np.isfinite(arr)
-    if not finite.all():
-        row = int(np.argwhere(~finite)[0, 0])
-        raise InvalidInputError(f"features hold NaN or inf (first at node {row})", "x")
+    with np.errstate(over="ignore", invalid="ignore"):
+        arr = arr.astype(np.float32, copy=False)
+    row = first_non_finite_row(arr)
+    if row is not None:
+        raise InvalidInputError(
+            f"features hold NaN or inf, or values beyond float32's range (first at node {row})",
+            "x",
+        )
     return arr
+
+
+def first_non_finite_row(arr: np.ndarray, chunk_rows: int = 1 << 16) -> int | None:
+    """The first row of 2-D ``arr`` holding NaN or inf, or None; scans in chunks of rows so the
+    boolean mask stays small for stores of any size."""
+    for lo in range(0, arr.shape[0], chunk_rows):
+        finite = np.isfinite(arr[lo : lo + chunk_rows]).all(axis=1)
+        if not finite.all():
+            return lo + int(np.argmin(finite))
+    return None
 
 
 def check_labels(y: np.ndarray | None, num_nodes: int) -> np.ndarray | None:

@@ -11,7 +11,13 @@ import numba
 import numpy as np
 
 from gnnserve.data import layout
-from gnnserve.data.validate import check_edge_index, check_features, check_labels, check_mask
+from gnnserve.data.validate import (
+    check_edge_index,
+    check_features,
+    check_labels,
+    check_mask,
+    first_non_finite_row,
+)
 from gnnserve.errors import InvalidInputError
 
 log = logging.getLogger(__name__)
@@ -63,6 +69,22 @@ def _num_classes(y: np.ndarray | None) -> int:
     return int(y.max()) + 1 if y is not None and y.size and y.max() >= 0 else 0
 
 
+def _cast_features(x: np.ndarray, feature_dtype: str) -> np.ndarray:
+    """``x`` (finite float32) as stored: little-endian ``feature_dtype``, checked finite after
+    the cast (values finite in float32 overflow float16 from 65520 on)."""
+    with np.errstate(over="ignore"):
+        stored = x.astype(np.dtype(feature_dtype).newbyteorder("<"), copy=False)
+    if stored.dtype != x.dtype:
+        row = first_non_finite_row(stored)
+        if row is not None:
+            raise InvalidInputError(
+                f"features overflow float16 (largest {np.finfo(np.float16).max:g}; first at node "
+                f"{row}): write the store with --dtype float32",
+                "dtype",
+            )
+    return stored
+
+
 def write_store(
     data: GraphData, out_dir: str | Path, feature_dtype: str = "float32", overwrite: bool = False
 ) -> layout.StoreMeta:
@@ -76,8 +98,7 @@ def write_store(
     x = check_features(data.x, n)
     y = check_labels(data.y, n)
     masks = {m: check_mask(getattr(data, m), n, m) for m in layout.MASKS}
-    if feature_dtype == "float16" and np.abs(x).max() > np.finfo(np.float16).max:
-        raise InvalidInputError("features overflow float16; use float32", "dtype")
+    stored = _cast_features(x, feature_dtype)
 
     out = Path(out_dir)
     if out.exists() and any(out.iterdir()):
@@ -89,7 +110,7 @@ def write_store(
     indptr, indices = build_csr(edge_index, n)
     indptr.astype("<i8").tofile(out / layout.INDPTR)
     indices.astype(indices.dtype.newbyteorder("<")).tofile(out / layout.INDICES)
-    x.astype(np.dtype(feature_dtype).newbyteorder("<")).tofile(out / layout.FEATURES)
+    stored.tofile(out / layout.FEATURES)
     if y is not None:
         np.save(out / layout.LABELS, y)
     present = [m for m, arr in masks.items() if arr is not None]

@@ -261,7 +261,12 @@ class Engine:
             req = ticket.request
             mine = rows[offset : offset + req.nodes.size]
             offset += req.nodes.size
-            values = self.runner.shape_output(req.output, logits, embedding, mine)
+            try:
+                values = self.runner.shape_output(req.output, logits, embedding, mine, req.nodes)
+            except GnnServeError as exc:  # NaN/inf outputs: this request fails, not the batch
+                if not ticket.future.done():
+                    ticket.future.set_exception(exc)
+                continue
             timings = StageTimings(
                 queue_ms=(batch.formed_s - req.arrival_s) * 1e3,
                 sample_ms=batch.stage_ms.get("sample", 0.0),

@@ -19,13 +19,13 @@ from typing import Any
 
 import numpy as np
 
-from gnnserve.errors import ReadOnlyStoreError, StoreFormatError
+from gnnserve.errors import InvalidInputError, ReadOnlyStoreError, StoreFormatError
 from gnnserve.features.base import FeatureStore
 from gnnserve.features.dynamic import DynamicFeatures
 from gnnserve.graph.base import GraphStore
 from gnnserve.graph.dynamic import DynamicGraph
 from gnnserve.graph.rwlock import ReadWriteLock
-from gnnserve.graph.updates import ParsedBatch, parse_batch
+from gnnserve.graph.updates import ParsedBatch, UpdateRejectedError, parse_batch
 from gnnserve.graph.wal import FsyncPolicy, UpdateLog, replay
 from gnnserve.graph.warmup import warm_up_updates
 from gnnserve.sampling.presample import DELETE, INSERT, PreSampler
@@ -109,13 +109,29 @@ class DynamicStore:
                         "wal",
                     )
                 continue
-            self._apply(self._parse(ops), seq)
+            self._apply(self._replayed_batch(path, seq, ops), seq)
             applied += 1
         if applied:
             log.info(
                 "replayed %d update batches from %s (version %s)", applied, path, self.graph.version
             )
         return applied
+
+    def _replayed_batch(self, path: str | Path, seq: int, ops: Any) -> ParsedBatch:
+        """A logged batch, validated as the update API validates it; StoreFormatError (the log
+        left as it is) when the API would refuse it: older versions accepted feature values that
+        overflow float32."""
+        try:
+            return self._parse(ops)
+        except InvalidInputError as exc:
+            errors = exc.errors if isinstance(exc, UpdateRejectedError) else []
+            where = f", op {errors[0]['index']}" if errors else ""
+            raise StoreFormatError(
+                f"update log {path}: the batch with seq {seq}{where} cannot be applied: "
+                f"{errors[0]['message'] if errors else exc.message}. The log was left unchanged; "
+                "the server does not start from a log holding a batch it would refuse",
+                "wal",
+            ) from None
 
     def _parse(self, ops: Any) -> ParsedBatch:
         g = self.graph

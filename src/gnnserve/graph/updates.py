@@ -10,11 +10,12 @@ A batch is a list of JSON-like operations, applied in order and all-or-nothing:
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 from gnnserve.errors import InvalidInputError
 
@@ -56,17 +57,36 @@ def _int_field(op: dict[str, Any], key: str, limit: int, path: str) -> int:
     return value
 
 
+_NUMBERS = (int, float, np.integer, np.floating)
+
+
+def _not_a_number(x: object) -> bool:
+    return isinstance(x, (bool, np.bool_)) or not isinstance(x, _NUMBERS)
+
+
 def _features(op: dict[str, Any], width: int, path: str) -> list[float]:
+    """``op["features"]`` as floats, checked finite after the cast to the table's float32."""
     values = op.get("features")
     if not isinstance(values, list) or len(values) != width:
         got = len(values) if isinstance(values, list) else type(values).__name__
         raise ValueError(f"{path}.features must be a list of {width} numbers, got {got}")
-    out = []
-    for x in values:
-        if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x):
-            raise ValueError(f"{path}.features must hold finite numbers, got {x!r}")
-        out.append(float(x))
-    return out
+    if not {type(x) for x in values} <= {int, float}:  # JSON gives exactly these
+        for i, x in enumerate(values):
+            if _not_a_number(x):
+                raise ValueError(f"{path}.features must hold numbers, features[{i}] is {x!r:.40}")
+    try:
+        exact = np.array(values, dtype=np.float64)
+    except OverflowError:  # an int beyond float64
+        exact = np.array([float(x) if abs(x) < 2**1000 else np.inf for x in values])
+    with np.errstate(over="ignore", invalid="ignore"):
+        finite = np.isfinite(exact.astype(np.float32))
+    if not finite.all():
+        i = int(np.argmin(finite))
+        raise ValueError(
+            f"{path}.features must be finite in float32 (the feature table's type, largest "
+            f"{np.finfo(np.float32).max:.7g}): features[{i}] is {values[i]!r:.40}"
+        )
+    return exact.tolist()
 
 
 def parse_batch(

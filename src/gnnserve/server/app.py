@@ -35,7 +35,7 @@ from gnnserve.server.schemas import (
 from gnnserve.types import InferenceResult
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
-    code: {"model": ErrorResponse} for code in (400, 404, 409, 413, 429, 503, 504)
+    code: {"model": ErrorResponse} for code in (400, 404, 409, 413, 429, 500, 503, 504)
 }
 
 
@@ -150,6 +150,14 @@ def create_app(engine: Engine, model_name: str = "default") -> FastAPI:
         metrics.errors.labels(kind).inc()
         body = {"error": {"kind": kind, "message": str(exc.detail), "field": None}}
         return JSONResponse(body, status_code=exc.status_code)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+        # a bug, not bad input: the JSON error body still, without the exception's text (it
+        # may hold server paths); Starlette re-raises after answering, so the log has the trace
+        metrics.errors.labels("internal").inc()
+        err = GnnServeError(f"internal error ({type(exc).__name__}); the server log has details")
+        return error_response(err)
 
     @app.post("/v1/predict", response_model=PredictResponse, responses=_ERRORS)
     async def predict(body: PredictRequest) -> JSONResponse:

@@ -77,7 +77,9 @@ def _matrix(t: InferTensor, datatype: str, width: int | None) -> np.ndarray:
     try:
         arr = np.asarray(t.data, dtype=np.float64 if datatype == "FP32" else np.int64)
     except OverflowError:
-        raise InvalidInputError(f"{t.name} holds a value beyond the int64 range", t.name) from None
+        limit = "float32" if datatype == "FP32" else "int64"
+        message = f"{t.name} holds a value beyond the {limit} range"
+        raise InvalidInputError(message, t.name) from None
     return arr.reshape(t.shape[0], t.shape[1])
 
 
