@@ -1,4 +1,4 @@
-"""The ``gnnserve`` command: prepare | train | precompute | serve | bench | demo."""
+"""The ``gnnserve`` command: prepare | train | precompute | serve | bench | demo | log."""
 
 from __future__ import annotations
 
@@ -166,6 +166,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The argument parser with one sub-command per job."""
     from gnnserve.data import prepare
     from gnnserve.embeddings import precompute
+    from gnnserve.graph import logtool
     from gnnserve.models import train
 
     parser = argparse.ArgumentParser(prog="gnnserve", description=__doc__)
@@ -190,6 +191,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workdir", default="demo_data", help="where the store and checkpoint go")
     p.add_argument("--requests", type=int, default=400, help="HTTP requests to send")
     p.set_defaults(func=_lazy("gnnserve.demo", "run"))
+    p = sub.add_parser("log", help="verify or repair a graph update log (serve --update-log)")
+    logtool.add_arguments(p)
     return parser
 
 

@@ -98,13 +98,17 @@ class DynamicStore:
         return self.graph.version
 
     def _replay(self, path: str | Path, base_version: str, truncate: bool) -> int:
-        """Apply every logged batch after checking the log belongs to this base store."""
+        """Apply every logged batch after checking the log belongs to this base store.
+
+        A corrupt log raises StoreFormatError (see graph.wal) once the good records before the
+        damage are applied: the half-built store is then discarded with the exception."""
         applied = 0
         for seq, ops in replay(path, truncate):
             if seq == 0:
-                if ops[0].get("checksum") != base_version:
+                header = ops[0] if ops and isinstance(ops[0], dict) else {}
+                if header.get("checksum") != base_version:
                     raise StoreFormatError(
-                        f"update log {path} was written for store {ops[0].get('checksum')}, "
+                        f"update log {path} was written for store {header.get('checksum')}, "
                         f"not {base_version}",
                         "wal",
                     )
