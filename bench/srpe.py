@@ -3,13 +3,17 @@
 Protocol of OMEGA §8.1 / Table 3 (bench/srpe_protocol.py): 25% of the test nodes and their edges
 are removed, a model is trained on the rest and its precomputed embeddings (PEs) are stored; the
 removed nodes are served as new-node requests of up to 1,024 queries with their edges to the
-remaining graph. For GCN (2 layers), GraphSAGE (3) and GAT (3) on cora, citeseer,
-facebook_pagepage and fb100_cornell5 it reports the accuracy with the full computation graph, the
-drop with PEs only, and for each policy the smallest gamma whose drop stays under 1 point (Table
-3), the drop at every gamma (Fig. 6 right), and the latency per batch of FULL, NS, PE-only and
-SRPE at the default policy's gamma.
+remaining graph and the edges among the request's own queries (``new_edges``). For GCN (2
+layers), GraphSAGE (3) and GAT (3) on cora, citeseer, facebook_pagepage and fb100_cornell5 it
+reports the accuracy with the full computation graph, the drop with PEs only, and for each
+policy the smallest gamma whose drop stays under 1 point (Table 3), the drop at every gamma
+(Fig. 6 right), and the latency per batch of FULL, NS, PE-only
+(``pe``: SRPE at gamma 0, nothing recomputed), SRPE at the server's default gamma 0.1
+(``srpe_default``) and SRPE at the Table-3 gamma of the default policy (``srpe_min``; absent when
+that gamma is 0, where it is PE-only).
 
-Run: ``.venv/bin/python bench/srpe.py`` (trained models and PEs are cached in ``work/srpe``).
+Run: ``.venv/bin/python bench/srpe.py`` (stores, trained models and PEs are cached in
+``work/srpe``, keyed by every parameter that made them); ``--quick`` writes ``srpe_quick.json``.
 """
 
 from __future__ import annotations
@@ -23,11 +27,11 @@ import numpy as np
 import torch
 
 from common import DATASETS, RESULTS, Targets, require_baseline, save_figure, write_results
+from gnnserve.embeddings.result import DEFAULT_GAMMA
 from gnnserve.embeddings.srpe import NewNodeInference
 from gnnserve.types import NewNodes
-from srpe_protocol import MODELS, Workload, embeddings_for, query_batches, split, trained
+from srpe_protocol import EPOCHS, MODELS, Workload, embeddings_for, query_batches, split, trained
 
-EPOCHS = {"cora": 100, "citeseer": 100, "facebook_pagepage": 3, "fb100_cornell5": 2}
 GAMMAS = (0.0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0)
 POLICIES = ("query_edges_ratio", "importance", "random", "oracle")
 LABELS = {"query_edges_ratio": "OMEGA (query-edges ratio)", "importance": "IS", "oracle": "AE"}
@@ -42,6 +46,8 @@ def parse() -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="cora + citeseer, coarse gamma grid")
     p.add_argument("--workdir", type=Path, default=Path("work/srpe"), help="model/PE cache")
     p.add_argument("--repeats", type=int, default=5, help="timed runs per latency cell")
+    p.add_argument("--datasets", nargs="+", choices=list(EPOCHS), help="subset (own file)")
+    p.add_argument("--models", nargs="+", choices=list(MODELS), help="subset (own file)")
     args = p.parse_args()
     require_baseline()
     return args
@@ -96,15 +102,19 @@ def latency_ms(
 
 
 def latencies(
-    inf: NewNodeInference, work: Workload, gamma: float, repeats: int
+    inf: NewNodeInference, work: Workload, min_gamma: float, repeats: int
 ) -> dict[str, dict[str, float]]:
-    """Per batch size: ms per request of FULL, NS, PE-only and SRPE(gamma, default policy)."""
+    """Per batch size: ms per request of FULL, NS, PE-only (SRPE at gamma 0), SRPE at the
+    server default gamma (``srpe_default``) and, when it is > 0, at ``min_gamma``
+    (``srpe_min``); SRPE uses the default policy."""
     out = {}
     for size, count in ((SMALL_BATCH, 8), (BATCH, 1)):
         batches = [new for _, new in query_batches(work, size)[:count]]
-        cell = {mode: latency_ms(inf, batches, mode, gamma, repeats) for mode in ("full", "ns")}
+        cell = {mode: latency_ms(inf, batches, mode, 0.0, repeats) for mode in ("full", "ns")}
         cell["pe"] = latency_ms(inf, batches, "pe", 0.0, repeats)
-        cell["srpe"] = latency_ms(inf, batches, "srpe", gamma, repeats)
+        cell["srpe_default"] = latency_ms(inf, batches, "srpe", DEFAULT_GAMMA, repeats)
+        if min_gamma > 0:
+            cell["srpe_min"] = latency_ms(inf, batches, "srpe", min_gamma, repeats)
         out[str(size)] = {k: round(v, 3) for k, v in cell.items()}
     return out
 
@@ -121,7 +131,8 @@ def evaluate(name: str, arch: str, args: argparse.Namespace, gammas: tuple[float
     pe = accuracy(inf, batches, work.y, "pe")
     curves = drop_curves(inf, batches, work.y, full, gammas)
     gamma = curves["query_edges_ratio"]["gamma"]
-    lat = latencies(inf, work, 1.0 if gamma is None else gamma, args.repeats)
+    min_gamma = 1.0 if gamma is None else gamma
+    lat = latencies(inf, work, min_gamma, args.repeats)
     row = {
         "dataset": name,
         "arch": arch,
@@ -129,6 +140,10 @@ def evaluate(name: str, arch: str, args: argparse.Namespace, gammas: tuple[float
         "ns_fanouts": MODELS[arch][1],
         "queries": int(work.y.size),
         "query_edges": int(work.edges.shape[0]),
+        "new_edges": int(work.new_edges.shape[0]),
+        "new_edges_sent": sum(int(new.new_edges.shape[0]) for _, new in batches),
+        "default_gamma": DEFAULT_GAMMA,
+        "min_gamma": min_gamma,
         "full_acc": round(full, 3),
         "pe_drop": round(full - pe, 3),
         "gammas": list(gammas),
@@ -139,7 +154,7 @@ def evaluate(name: str, arch: str, args: argparse.Namespace, gammas: tuple[float
     summary = " ".join(f"{p}={c['gamma']}" for p, c in curves.items())
     print(
         f"{name:18s} {arch:4s} full {full:5.1f} pe drop {full - pe:5.2f}  gamma: {summary}  "
-        f"latency@{BATCH}: {lat[str(BATCH)]}",
+        f"new edges {row['new_edges_sent']}/{row['new_edges']}  latency@{BATCH}: {lat[str(BATCH)]}",
         flush=True,
     )
     return row
@@ -181,11 +196,11 @@ def plot(rows: list[dict], path: Path) -> None:
     for j, name in enumerate(names):
         ax = axes[-1, j]
         mine = [r for r in rows if r["dataset"] == name]
-        modes = ("full", "ns", "pe", "srpe")
+        modes = {"full": "FULL", "ns": "NS", "pe": "PE only", "srpe_default": "SRPE g=0.1"}
         width = 0.8 / len(modes)
-        for k, mode in enumerate(modes):
+        for k, (mode, label) in enumerate(modes.items()):
             vals = [r["latency_ms"][str(BATCH)][mode] for r in mine]
-            ax.bar(np.arange(len(mine)) + k * width, vals, width, label=mode.upper())
+            ax.bar(np.arange(len(mine)) + k * width, vals, width, label=label)
         ax.set_xticks(np.arange(len(mine)) + 0.3, [r["arch"] for r in mine])
         ax.set_yscale("log")
         ax.set_title(f"{name}: ms per request of {BATCH} queries", fontsize=9)
@@ -193,26 +208,34 @@ def plot(rows: list[dict], path: Path) -> None:
     save_figure(fig, path)
 
 
+def result_name(args: argparse.Namespace) -> str:
+    """``srpe`` for the full run; ``srpe_quick`` and ``srpe_<subset>`` never overwrite it."""
+    subset = [*(args.datasets or []), *(args.models or [])]
+    return "srpe" + ("_quick" if args.quick else "") + "".join(f"_{x}" for x in subset)
+
+
 def main() -> None:
     """Run every model x dataset pair, write bench/results/srpe.json and srpe.png."""
     args = parse()
     args.workdir.mkdir(parents=True, exist_ok=True)
-    names = ["cora", "citeseer"] if args.quick else list(EPOCHS)
+    names = args.datasets or (["cora", "citeseer"] if args.quick else list(EPOCHS))
+    archs = args.models or list(MODELS)
     gammas = (0.0, 0.05, 0.2, 1.0) if args.quick else GAMMAS
+    out = result_name(args)
     rows = []
     for name in names:
-        for arch in MODELS:
+        for arch in archs:
             rows.append(evaluate(name, arch, args, gammas))
-            partial = {"complete": False, "rows": rows}
-            write_results("srpe" + ("_quick" if args.quick else ""), partial)  # survives a crash
+            write_results(out, {"complete": False, "rows": rows})  # survives a crash
     targets = Targets()
     for r in rows:
         if r["dataset"] == "fb100_cornell5" and r["arch"] == "sage":
             for size in (str(SMALL_BATCH), str(BATCH)):
                 lat = r["latency_ms"][size]
-                full, ns = lat["full"] / lat["srpe"], lat["ns"] / lat["srpe"]
-                targets.check(f"fb100 sage-3 full/srpe ms (batch {size})", full, 10.0)
-                targets.check(f"fb100 sage-3 ns/srpe ms (batch {size})", ns, 2.0)
+                srpe = lat["srpe_default"]
+                name = f"fb100 sage-3 {{}}/srpe(gamma {DEFAULT_GAMMA}) ms (batch {size})"
+                targets.check(name.format("full"), lat["full"] / srpe, 10.0)
+                targets.check(name.format("ns"), lat["ns"] / srpe, 2.0)
     wins, contested = policy_wins(rows)
     targets.check(
         f"pairs where ratio policy needs the smallest gamma ({wins}/{contested} contested)",
@@ -222,14 +245,16 @@ def main() -> None:
     payload = {
         "complete": True,
         "protocol": "OMEGA 8.1: 25% of test nodes held out (seed 0), requests of up to "
-        f"{BATCH} queries with their edges to the remaining graph; drop = full - mode, points",
+        f"{BATCH} queries with their edges to the remaining graph and among themselves "
+        "(new_edges); drop = full - mode, points; latency keys: pe = SRPE at gamma 0 (PE-only), "
+        f"srpe_default = SRPE at gamma {DEFAULT_GAMMA}, srpe_min = SRPE at min_gamma when > 0",
         "epochs": EPOCHS,
         "torch_threads": torch.get_num_threads(),
         "rows": rows,
         "targets": targets.rows,
     }
-    path = write_results("srpe" + ("_quick" if args.quick else ""), payload)
-    plot(rows, RESULTS / ("srpe" + ("_quick" if args.quick else "") + ".png"))
+    path = write_results(out, payload)
+    plot(rows, RESULTS / f"{out}.png")
     print(f"wrote {path}")
     targets.print()
 
