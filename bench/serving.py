@@ -237,6 +237,10 @@ def plot(summary: dict[str, Any], path: Path) -> None:
     caps = [summary["configs"][k]["capacity_rps"] for k in keys]
     err = np.array([[c["median"] - c["min"] for c in caps], [c["max"] - c["median"] for c in caps]])
     left.bar(keys, [c["median"] for c in caps], yerr=err, capsize=4, color="tab:blue")
+    for i, c in enumerate(caps):
+        text = f"{c['median']:.0f}\n({c['min']:.0f}-{c['max']:.0f})"
+        left.annotate(text, (i, c["max"]), textcoords="offset points", xytext=(0, 4), ha="center")
+    left.set_ylim(0, 1.2 * max(c["max"] for c in caps) or 1.0)
     left.set(
         ylabel="requests/s at p99 <= 30 ms", title="capacity: median, bars min-max over rounds"
     )
