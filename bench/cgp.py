@@ -2,13 +2,18 @@
 
 Workload of OMEGA §8.1 (bench/srpe_protocol.py): 25% of the test nodes of fb100_cornell5 are held
 out; the first 500 are served as new-node requests of 64 queries with their edges to the
-remaining graph, SRPE gamma 0.1 (query-edges-ratio policy), a 3-layer GraphSAGE (hidden 128; the
-trained checkpoint of bench/srpe.py when cached, else a seeded random init: accuracy is not
-measured here). For P = 2 and 4 workers (Ray actors, gloo all-to-all) it reports per batch:
+remaining graph and among themselves, SRPE gamma 0.1 (query-edges-ratio policy), for GCN-2,
+SAGE-3 and GAT-3 (hidden 128, GAT 4 heads; the trained checkpoint of bench/srpe.py when cached,
+else a seeded random init: traffic does not depend on the weights, accuracy is not measured
+here). For P = 2 and 4 workers (Ray actors, gloo all-to-all) it reports per model and batch:
 
-- bytes the workers send each other (CGP) vs ``plain_bytes``, what one worker would fetch from
-  the others to build the same SRPE graph itself (remote feature rows, PE rows and adjacency
-  entries at 8 bytes per edge id); the target is plain / CGP >= 5 at P = 4;
+- ``bytes_sent``: bytes the workers send each other (CGP), measured from the tensors handed to
+  ``all_to_all_single``, by step (``bytes_by``: candidates, each layer's partials and GAT
+  attention terms), vs ``plain_bytes``: what one worker would fetch from the others to build
+  the same SRPE graph itself (remote feature rows, dense or CSR whichever is smaller, PE rows
+  and adjacency entries at 8 bytes per edge id; ``plain_by``, with the dense-float32 feature
+  size for comparison). fb100's 4,735-column one-hot features have 6 non-zeros per row: sent
+  sparse they cost 56 bytes a row instead of 18,940;
 - latency (ms, median of ``--repeats`` runs) of ``CGPService.run`` vs the single-process
   ``NewNodeInference.run(mode="srpe")``; every worker runs one torch thread, all on this machine
   (``slowest_worker_ms``: compute + collectives of the slowest worker, Ray call overhead aside).
@@ -16,14 +21,13 @@ measured here). For P = 2 and 4 workers (Ray actors, gloo all-to-all) it reports
   feature rows and runs PyG layers, so part of the gap is the local kernel, not parallelism;
 - the largest |logit difference| to the single-process answer (must be <= 1e-4).
 
-Run: ``.venv/bin/python bench/cgp.py`` (``--quick``: cora, 3 batches).
+Run: ``.venv/bin/python bench/cgp.py`` (``--quick``: cora, 3 batches, ``cgp_quick.json``).
 """
 
 from __future__ import annotations
 
 import argparse
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -38,14 +42,26 @@ from gnnserve.graph import open_graph_store
 from gnnserve.models.checkpoint import save_checkpoint
 from gnnserve.models.zoo import GNN, ModelConfig
 from gnnserve.types import NewNodes
-from srpe_protocol import MODELS, Workload, embeddings_for, query_batches, split
+from srpe_protocol import (
+    EPOCHS,
+    MODELS,
+    TRAINING,
+    Workload,
+    cache_dir,
+    cached,
+    checkpoint_dir,
+    embeddings_for,
+    first_queries,
+    query_batches,
+    record,
+    split,
+)
 
 GAMMA = 0.1
 BATCH = 64
 QUERIES = 500
 WORKERS = (2, 4)
 TOL = 1e-4
-ARCH = "sage"
 
 
 def parse() -> argparse.Namespace:
@@ -54,27 +70,25 @@ def parse() -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="cora, 3 batches")
     p.add_argument("--workdir", type=Path, default=Path("work/srpe"), help="store/model/PE cache")
     p.add_argument("--repeats", type=int, default=5, help="timed runs per batch")
+    p.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     return p.parse_args()
 
 
-def checkpoint(work: Workload, workdir: Path) -> Path:
+def checkpoint(work: Workload, arch: str, workdir: Path, dataset: str) -> Path:
     """bench/srpe.py's trained checkpoint when cached, else a seeded random init (cached)."""
-    trained = workdir / f"{work.store.name}-{ARCH}"
-    if (trained / "config.json").exists():
+    trained = checkpoint_dir(work, arch, workdir, EPOCHS[dataset])
+    if (trained / "params.json").exists():
         return trained
-    out = workdir / f"{work.store.name}-{ARCH}-random"
-    if not (out / "config.json").exists():
+    params = {"store": work.store.name, "arch": arch, "init_seed": 0, **TRAINING}
+    out = cache_dir(workdir, f"{work.store.name}-{arch}-random", params)
+    if not cached(out, params, "config.json"):
         meta = open_graph_store(work.store).meta
-        config = ModelConfig(ARCH, meta.feature_dim, 128, work.num_classes, MODELS[ARCH][0])
+        hidden = TRAINING["hidden_dim"]
+        config = ModelConfig(arch, meta.feature_dim, hidden, work.num_classes, MODELS[arch][0])
         torch.manual_seed(0)
         save_checkpoint(out, GNN(config).eval(), config, {"note": "random init (bench/cgp.py)"})
+        record(out, params)
     return out
-
-
-def first_queries(work: Workload, count: int) -> Workload:
-    """The workload restricted to its first ``count`` held-out nodes."""
-    keep = work.edges[:, 0] < count
-    return replace(work, x=work.x[:count], y=work.y[:count], edges=work.edges[keep])
 
 
 def median_ms(fn: Any, repeats: int) -> float:
@@ -107,10 +121,13 @@ def run_workers(
                 {
                     "batch": i,
                     "queries": new.count,
+                    "new_edges": int(new.new_edges.shape[0]),
                     "recomputed": int(got.recomputed.size),
                     "candidates": got.num_candidates,
                     "bytes_sent": got.bytes_sent,
+                    "bytes_by": got.bytes_by,
                     "plain_bytes": got.plain_bytes,
+                    "plain_by": got.plain_by,
                     "request_bytes": got.request_bytes,
                     "ratio": got.plain_bytes / max(got.bytes_sent, 1),
                     "cgp_ms": ms,
@@ -121,22 +138,37 @@ def run_workers(
             r = rows[-1]
             print(
                 f"  P={parts} batch {i}: CGP {r['bytes_sent'] / 1e3:8.1f} kB  plain "
-                f"{r['plain_bytes'] / 1e6:8.2f} MB  ratio {r['ratio']:7.1f}  {ms:7.1f} ms  "
+                f"{r['plain_bytes'] / 1e3:8.1f} kB  ratio {r['ratio']:6.2f}  {ms:7.1f} ms  "
                 f"diff {diff:.1e}",
                 flush=True,
             )
     return rows
 
 
-def summary(rows: list[dict[str, Any]]) -> dict[str, float]:
+def totals(dicts: list[dict[str, int]]) -> dict[str, int]:
+    """Per key, the sum over the batches."""
+    out: dict[str, int] = {}
+    for d in dicts:
+        for key, value in d.items():
+            out[key] = out.get(key, 0) + value
+    return out
+
+
+def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Totals and means over the batches of one P."""
     sent = sum(r["bytes_sent"] for r in rows)
     plain = sum(r["plain_bytes"] for r in rows)
+    plain_by = totals([r["plain_by"] for r in rows])
+    dense = plain - plain_by["feature rows"] + plain_by["feature rows if dense"]
     return {
         "bytes_sent": sent,
+        "bytes_by": totals([r["bytes_by"] for r in rows]),
         "plain_bytes": plain,
+        "plain_by": plain_by,
         "ratio": plain / max(sent, 1),
+        "ratio_if_features_dense": dense / max(sent, 1),
         "min_batch_ratio": min(r["ratio"] for r in rows),
+        "request_bytes": sum(r["request_bytes"] for r in rows),
         "cgp_ms": float(np.mean([r["cgp_ms"] for r in rows])),
         "slowest_worker_ms": float(np.mean([r["slowest_worker_ms"] for r in rows])),
         "max_abs_diff": max(r["max_abs_diff"] for r in rows),
@@ -144,54 +176,47 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, float]:
 
 
 def plot(result: dict[str, Any], path: Path) -> None:
-    """Bytes per batch (CGP vs plain, log scale) and latency per batch, per P."""
+    """Per model: total bytes (CGP vs plain, log scale) per P, and mean latency per P."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, (ax_b, ax_l) = plt.subplots(1, 2, figsize=(12, 4.5))
-    runs = result["runs"]
-    n = len(result["srpe_ms"])
-    x = np.arange(n)
-    width = 0.8 / (2 * len(runs))
-    for j, (parts, rows) in enumerate(runs.items()):
+    models = list(result["models"])
+    x = np.arange(len(models))
+    width = 0.8 / (2 * len(WORKERS))
+    for j, parts in enumerate(map(str, WORKERS)):
         for k, key in enumerate(("bytes_sent", "plain_bytes")):
             label = f"{'CGP' if k == 0 else 'plain'} P={parts}"
-            vals = [r[key] / 1e6 for r in rows]
+            vals = [result["models"][m]["summary"][parts][key] / 1e6 for m in models]
             ax_b.bar(x + (2 * j + k) * width, vals, width, label=label)
     ax_b.set_yscale("log")
-    top = max(r["plain_bytes"] for rows in runs.values() for r in rows) / 1e6
-    ax_b.set_ylim(top=top * 30)  # room for the legend above the bars
-    ax_b.set_xlabel("batch (64 queries)")
-    ax_b.set_ylabel("MB moved between workers per batch")
-    ax_b.set_title(f"{result['dataset']} SAGE-3, gamma {GAMMA}: traffic")
+    ax_b.set_xticks(x + 0.4 - width / 2, models)
+    ax_b.set_ylabel(f"MB moved between workers, {result['queries']} queries")
+    ax_b.set_title(f"{result['dataset']}, gamma {GAMMA}: traffic (features sent sparse)")
     ax_b.legend(fontsize=8, ncols=2)
-    width = 0.8 / (len(runs) + 1)
-    ax_l.bar(x, result["srpe_ms"], width, label="SRPE, one process")
-    for j, (parts, rows) in enumerate(runs.items(), start=1):
-        ax_l.bar(x + j * width, [r["cgp_ms"] for r in rows], width, label=f"CGP P={parts}")
-    ax_l.set_xlabel("batch (64 queries)")
-    ax_l.set_ylabel("ms per request (median)")
+    width = 0.8 / (len(WORKERS) + 1)
+    single = [result["models"][m]["srpe_mean_ms"] for m in models]
+    ax_l.bar(x, single, width, label="SRPE, one process")
+    for j, parts in enumerate(map(str, WORKERS), start=1):
+        vals = [result["models"][m]["summary"][parts]["cgp_ms"] for m in models]
+        ax_l.bar(x + j * width, vals, width, label=f"CGP P={parts}")
+    ax_l.set_xticks(x + width, models)
+    ax_l.set_ylabel(f"ms per request of {BATCH} queries (mean of medians)")
     ax_l.set_title("latency (all workers on this machine)")
     ax_l.legend(fontsize=8)
     save_figure(fig, path)
 
 
-def main() -> None:
-    """Run the workload at every P; write bench/results/cgp(.quick).json and .png."""
-    args = parse()
-    args.workdir.mkdir(parents=True, exist_ok=True)
-    name = "cora" if args.quick else "fb100_cornell5"
-    start = time.perf_counter()
-    work = split(DATASETS / f"{name}.npz", args.workdir)
-    ckpt_dir = checkpoint(work, args.workdir)
+def run_model(
+    arch: str, name: str, work: Workload, batches: list[NewNodes], args: argparse.Namespace
+) -> dict[str, Any]:
+    """Single-process SRPE and CGP at every P for one model."""
+    ckpt_dir = checkpoint(work, arch, args.workdir, name)
     setup = embeddings_for(work.store, ckpt_dir)
-    work = first_queries(work, QUERIES)
-    batches = [new for _, new in query_batches(work, BATCH)]
-    batches = batches[:3] if args.quick else batches
-    print(f"{name}: {len(batches)} batches, prepared in {time.perf_counter() - start:.0f} s")
     ckpt, graph, features, pes = setup
+    print(f"{arch}-{MODELS[arch][0]} ({ckpt_dir.name})", flush=True)
     single = NewNodeInference(ckpt.model, graph, features, pes, max_new_nodes=BATCH)
     srpe_ms = [
         median_ms(lambda b=b: single.run(b, mode="srpe", gamma=GAMMA), args.repeats)
@@ -200,36 +225,62 @@ def main() -> None:
     print(f"  single-process SRPE: {np.mean(srpe_ms):.1f} ms per batch", flush=True)
     runs = {str(p): run_workers(p, setup, batches, single, args.repeats) for p in WORKERS}
     summaries = {p: summary(rows) for p, rows in runs.items()}
-    targets = Targets()
-    if not args.quick:  # the traffic goal is for fb100 (mean degree 85, 4,735 features)
-        targets.check("plain / CGP bytes at P = 4", summaries["4"]["ratio"], 5.0)
-    worst = max(s["max_abs_diff"] for s in summaries.values())
-    targets.check("max |CGP - SRPE| logit, x1e-6", worst * 1e6, TOL * 1e6, higher_is_better=False)
-    result = {
-        "dataset": name,
-        "arch": ARCH,
-        "layers": MODELS[ARCH][0],
+    for p, s in summaries.items():
+        print(
+            f"  P={p}: CGP {s['bytes_sent'] / 1e6:.2f} MB vs plain {s['plain_bytes'] / 1e6:.2f} MB"
+            f" (x{s['ratio']:.2f}; x{s['ratio_if_features_dense']:.1f} were features dense); "
+            f"{s['cgp_ms']:.1f} ms vs single-process {np.mean(srpe_ms):.1f} ms",
+            flush=True,
+        )
+    return {
+        "layers": MODELS[arch][0],
         "checkpoint": ckpt_dir.name,
-        "gamma": GAMMA,
-        "batch": BATCH,
-        "queries": int(work.y.size),
-        "torch_threads_single_process": torch.get_num_threads(),
-        "torch_threads_per_worker": 1,
         "srpe_ms": srpe_ms,
         "srpe_mean_ms": float(np.mean(srpe_ms)),
         "summary": summaries,
         "runs": runs,
+    }
+
+
+def main() -> None:
+    """Run the workload for every model at every P; write bench/results/cgp(_quick).json/.png."""
+    args = parse()
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    name = "cora" if args.quick else "fb100_cornell5"
+    start = time.perf_counter()
+    work = first_queries(split(DATASETS / f"{name}.npz", args.workdir), QUERIES)
+    batches = [new for _, new in query_batches(work, BATCH)]
+    batches = batches[:3] if args.quick else batches
+    print(f"{name}: {len(batches)} batches, prepared in {time.perf_counter() - start:.0f} s")
+    models = {arch: run_model(arch, name, work, batches, args) for arch in args.models}
+    targets = Targets()
+    if not args.quick and "sage" in models:  # fb100: mean degree 85, 4,735 sparse features
+        ratio = models["sage"]["summary"]["4"]["ratio"]
+        targets.check("sage-3 plain / CGP bytes at P = 4 (features sent sparse)", ratio, 5.0)
+    for arch, res in models.items():
+        worst = max(s["max_abs_diff"] for s in res["summary"].values())
+        targets.check(f"{arch} max |CGP - SRPE| logit, x1e-6", worst * 1e6, TOL * 1e6, False)
+    result = {
+        "dataset": name,
+        "gamma": GAMMA,
+        "batch": BATCH,
+        "queries": int(work.y.size),
+        "new_edges": int(work.new_edges.shape[0]),
+        "torch_threads_single_process": torch.get_num_threads(),
+        "torch_threads_per_worker": 1,
+        "models": models,
         "targets": targets.rows,
     }
     suffix = "_quick" if args.quick else ""
     path = write_results("cgp" + suffix, result)
     plot(result, RESULTS / f"cgp{suffix}.png")
-    for p, s in summaries.items():
-        print(
-            f"P={p}: CGP {s['bytes_sent'] / 1e6:.2f} MB vs plain {s['plain_bytes'] / 1e6:.1f} MB "
-            f"(x{s['ratio']:.1f}, worst batch x{s['min_batch_ratio']:.1f}); "
-            f"{s['cgp_ms']:.1f} ms vs single-process {np.mean(srpe_ms):.1f} ms"
-        )
+    for arch, res in models.items():
+        for p, s in res["summary"].items():
+            print(
+                f"{arch} P={p}: plain/CGP bytes x{s['ratio']:.2f} "
+                f"(x{s['ratio_if_features_dense']:.1f} with dense features); "
+                f"CGP {s['cgp_ms']:.1f} ms vs single-process {res['srpe_mean_ms']:.1f} ms"
+            )
     print(f"wrote {path}")
     targets.print()
 

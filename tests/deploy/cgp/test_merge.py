@@ -134,13 +134,31 @@ def test_softmax_heads() -> None:
 def test_pack_roundtrip_rows() -> None:
     """Packed partials can be split by destination rows and unpacked on the receiving side."""
     msg, index, part = messages(1, 1)
-    local = merge.partial_softmax(msg, msg.unsqueeze(-1), index, N_DST)
+    local = merge.partial_mean(msg, index, N_DST)
     packed = merge.pack(local)
-    assert packed.shape == (N_DST, 3 * WIDTH)
+    assert packed.shape == (N_DST, WIDTH + 1)
     rows = torch.tensor([4, 0, 7])
     sub = merge.unpack(local, packed[rows])
-    assert torch.equal(sub.weighted, local.weighted[rows])
-    assert torch.equal(sub.max_logit, local.max_logit[rows])
+    assert torch.equal(sub.total, local.total[rows])
+    assert torch.equal(sub.count, local.count[rows])
+
+
+def test_softmax_travels_folded() -> None:
+    """A softmax partial is packed as (log-sum-exp, mean) per head, H * (C + 1) columns instead
+    of H * (C + 2); unpacked rows (empty destinations included) merge to the same result."""
+    msg, index, part = messages(2, 2)
+    heads, width = WIDTH, 2
+    values = torch.stack([msg, -msg], dim=-1)  # [E, H, C]
+    locals_ = [
+        merge.partial_softmax(msg[part == p] * 5, values[part == p], index[part == p], N_DST)
+        for p in range(2)
+    ]
+    packed = [merge.pack(p) for p in locals_]
+    assert packed[0].shape == (N_DST, heads * (width + 1))
+    rows = torch.tensor([4, 0, 7, N_DST - 1])  # the last destination gets no message
+    sub = [merge.unpack(p, x[rows]) for p, x in zip(locals_, packed, strict=True)]
+    check(merge.merge_softmax(sub), merge.merge_softmax(locals_)[rows])
+    assert torch.equal(merge.merge_softmax(sub)[-1], torch.zeros(heads, width))
 
 
 def test_no_destinations() -> None:
@@ -148,7 +166,7 @@ def test_no_destinations() -> None:
     logits, values = torch.randn(0, 2), torch.randn(0, 2, 3)
     local = merge.partial_softmax(logits, values, torch.zeros(0, dtype=torch.long), 0)
     packed = merge.pack(local)
-    assert packed.shape == (0, 2 + 2 + 6)
+    assert packed.shape == (0, 2 + 6)
     assert merge.merge_softmax([merge.unpack(local, packed)] * 2).shape == (0, 2, 3)
 
 

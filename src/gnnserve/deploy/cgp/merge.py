@@ -13,6 +13,9 @@ the destination's owner merges the P partials into exactly the single aggregatio
 
 Partials are dataclasses of float32 tensors whose first dimension is the destination;
 :func:`pack` / :func:`unpack` turn one into a single ``[n, width]`` tensor for the all-to-all.
+A softmax partial travels folded, per head, as ``(L_p = M_p + log Z_p, W_p / Z_p)``: the same
+softmax state (``(M, Z, W) -> (L, 1, W / Z)`` leaves the merge unchanged), one column per head
+narrower than ``(M_p, Z_p, W_p)``.
 Every function is vectorised (``index_add_`` / ``scatter_reduce_`` / one sparse matmul): no
 loop over messages.
 """
@@ -22,7 +25,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
-from typing import TypeVar
+from typing import TypeVar, cast
 
 import torch
 
@@ -198,15 +201,29 @@ def merge_softmax(parts: Sequence[SoftmaxPartial]) -> torch.Tensor:
 
 
 def pack(partial: SumPartial | MeanPartial | MaxPartial | SoftmaxPartial) -> torch.Tensor:
-    """Every field of ``partial`` flattened per destination and concatenated: [n, width]."""
-    tensors = [getattr(partial, f.name) for f in fields(partial)]
+    """Every field of ``partial`` flattened per destination and concatenated: [n, width]
+    (a softmax partial folded to its log-sum-exp and weighted mean first: ``H * (C + 1)``)."""
+    if isinstance(partial, SoftmaxPartial):
+        z = partial.exp_sum  # >= 1 where the head has a message (its max term is exp(0))
+        lse = partial.max_logit + z.log()  # -inf where none
+        mean = partial.weighted / z.clamp(min=1.0).unsqueeze(-1)
+        tensors = [lse, mean]
+    else:
+        tensors = [getattr(partial, f.name) for f in fields(partial)]
     n = tensors[0].size(0)
     return torch.cat([t.reshape(n, math.prod(t.shape[1:])) for t in tensors], dim=1)
 
 
 def unpack(like: Partial, packed: torch.Tensor) -> Partial:
     """The partial of ``packed`` [n, width], shaped like ``like`` (same kind, any n)."""
-    n, out, col = packed.size(0), {}, 0
+    n = packed.size(0)
+    if isinstance(like, SoftmaxPartial):
+        heads, width = like.weighted.shape[1:]
+        lse = packed[:, :heads]
+        mean = packed[:, heads:].reshape(n, heads, width)
+        z = torch.isfinite(lse).to(packed.dtype)  # the folded state has exp_sum 1 (0 if empty)
+        return cast(Partial, SoftmaxPartial(lse, z, mean))
+    out, col = {}, 0
     for f in fields(like):
         shape = getattr(like, f.name).shape[1:]
         width = math.prod(shape)

@@ -11,7 +11,8 @@ Partition p of P owns the existing nodes ``v % P == p`` (local row ``v // P``) a
   importance score (``importance`` policy).
 
 A request is split the same way (OMEGA §6.1): each query's features go to the query's owner and
-every directed request edge (both directions of each undirected one) to its source's owner.
+every directed request edge (both directions of each undirected one) to its source's owner. The
+query features travel dense or sparse, whichever is smaller (:mod:`~.rows`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from gnnserve.deploy.cgp.rows import EncodedRows, encode_rows, nonzeros
 from gnnserve.embeddings.base import EmbeddingStore
 from gnnserve.embeddings.overlay import request_in_edges
 from gnnserve.features.base import FeatureStore
@@ -58,6 +60,7 @@ class Partition:
     indptr: np.ndarray  # int64 [N + 1]: in-edges of every node whose source is owned here
     indices: np.ndarray  # int64 [E_p] their source ids (all owned here), grouped by destination
     features: np.ndarray  # float32 [n_p, F] feature rows of the owned nodes
+    feature_nnz: np.ndarray  # int64 [n_p] non-zeros per feature row (sparse transfer sizes)
     pes: list[np.ndarray]  # float32 [n_p, H_l] PE rows of layer l = 1..k-1 (index l - 1)
     in_degree: np.ndarray  # int64 [n_p] stored in-degree of the owned nodes (self loops counted)
     gcn_degree: np.ndarray  # float32 [n_p] stored in-degree without self loops (GCN norm)
@@ -81,7 +84,8 @@ class Partition:
 
     def nbytes(self) -> int:
         """Bytes held by this partition's arrays."""
-        arrays = [self.indptr, self.indices, self.features, self.in_degree, self.gcn_degree]
+        arrays = [self.indptr, self.indices, self.features, self.feature_nnz, self.in_degree]
+        arrays.append(self.gcn_degree)
         return sum(a.nbytes for a in arrays + [self.importance, *self.pes])
 
 
@@ -116,6 +120,7 @@ def build_partitions(
         ids = owned_ids(rank, num_parts, n)
         local_indptr, local_indices = _local_csr(indptr, indices, rank, num_parts)
         pes = [embeddings.get(layer, ids).numpy() for layer in range(1, num_layers)]
+        rows = features.get(ids).numpy()
         parts.append(
             Partition(
                 rank=rank,
@@ -123,7 +128,8 @@ def build_partitions(
                 num_nodes=n,
                 indptr=local_indptr,
                 indices=local_indices,
-                features=features.get(ids).numpy(),
+                features=rows,
+                feature_nnz=nonzeros(rows),
                 pes=pes,
                 in_degree=np.asarray(in_degree[ids], dtype=np.int64),
                 gcn_degree=gcn_degree[ids],
@@ -139,14 +145,14 @@ class RequestPart:
 
     num_queries: int  # m: queries of the whole request
     queries: np.ndarray  # int64 [m_p] indices i (i % P == rank) of the queries owned here
-    features: torch.Tensor  # float32 [m_p, F] their features, in ``queries`` order
+    features: EncodedRows  # their float32 [m_p, F] features, in ``queries`` order
     src: np.ndarray  # int64 [E_p] global source ids of the directed request edges owned here
     dst: np.ndarray  # int64 [E_p] their global destination ids
 
     def nbytes(self) -> int:
         """Payload bytes of this part (features and edge ids)."""
-        feats = self.features.numel() * self.features.element_size()
-        return int(feats + self.queries.nbytes + self.src.nbytes + self.dst.nbytes)
+        arrays = (self.queries, self.src, self.dst)
+        return int(self.features.nbytes + sum(a.nbytes for a in arrays))
 
 
 def split_request(new: NewNodes, num_nodes: int, num_parts: int) -> list[RequestPart]:
@@ -157,10 +163,6 @@ def split_request(new: NewNodes, num_nodes: int, num_parts: int) -> list[Request
     for rank in range(num_parts):
         queries = owned_ids(rank, num_parts, new.count)
         mine = src_owner == rank
-        rows = torch.from_numpy(queries)
-        out.append(
-            RequestPart(
-                new.count, queries, new.features.index_select(0, rows), src[mine], dst[mine]
-            )
-        )
+        rows = encode_rows(new.features.index_select(0, torch.from_numpy(queries)))
+        out.append(RequestPart(new.count, queries, rows, src[mine], dst[mine]))
     return out

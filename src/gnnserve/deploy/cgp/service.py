@@ -44,6 +44,7 @@ if TYPE_CHECKING:  # the workers import this module: keep torch_geometric out of
 __all__ = ["CGPResult", "CGPService"]
 
 _WorkerActor = ray.remote(num_cpus=0)(CGPWorker)
+_DENSE = "feature rows if dense"  # a plain_by entry for comparison only
 
 
 @dataclass
@@ -55,7 +56,10 @@ class CGPResult:
     recomputed: np.ndarray  # int64 [s] existing ids whose PEs were recomputed (S), ascending
     num_candidates: int  # |R|
     bytes_sent: int  # bytes the workers sent each other (request payload excluded), all workers
+    bytes_by: dict[str, int]  # bytes_sent per step ("candidates", "layer 1 partials", ...)
     plain_bytes: int  # bytes one worker (0) would fetch to build the same SRPE graph itself
+    plain_by: dict[str, int]  # by kind: feature rows (dense or sparse), PE rows, adjacency;
+    # "feature rows if dense" (float32) for comparison, not part of plain_bytes
     request_bytes: int  # payload the master sent the workers (features and edge ids)
     worker_ms: list[float]  # wall time of each worker's part, milliseconds
     total_ms: float  # wall time of ``run``, milliseconds
@@ -65,6 +69,15 @@ def _count(value: object, field: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
         raise InvalidInputError(f"{field} must be an int >= 1, got {value!r}", field)
     return int(value)
+
+
+def _sum_counts(counts: list[dict[str, int]]) -> dict[str, int]:
+    """Per key, the sum over every worker's counts (keys in first-seen order)."""
+    out: dict[str, int] = {}
+    for one in counts:
+        for key, value in one.items():
+            out[key] = out.get(key, 0) + value
+    return out
 
 
 def _free_port() -> int:
@@ -201,13 +214,16 @@ class CGPService:
             rows = torch.as_tensor(np.array(out.queries))  # Ray hands back read-only arrays
             logits[rows] = out.logits
             embedding[rows] = out.embedding
+        plain_by = _sum_counts([o.plain_by for o in outs])
         return CGPResult(
             logits=logits,
             embedding=embedding,
             recomputed=outs[0].recomputed,
             num_candidates=outs[0].num_candidates,
             bytes_sent=sum(o.bytes_sent for o in outs),
-            plain_bytes=sum(o.plain_bytes for o in outs),
+            bytes_by=_sum_counts([o.bytes_by for o in outs]),
+            plain_bytes=sum(v for k, v in plain_by.items() if k != _DENSE),
+            plain_by=plain_by,
             request_bytes=request_bytes,
             worker_ms=[o.compute_ms for o in outs],
             total_ms=(time.perf_counter() - start) * 1e3,

@@ -5,8 +5,12 @@ process group:
 
 1. candidates: each worker knows exactly the candidates it owns (the reverse direction
    ``u -> q`` of each request edge has source ``u``): their ``|N_Q(u)|``, stored in-degree and
-   importance. One all-gather gives every worker the global :class:`Candidates`, so each calls
-   the same :func:`select_targets` and gets the same recomputed set S; C = Q then S.
+   importance. The workers all-gather their candidate counts, so each knows ``|R|`` and the
+   budget ``k``; nothing more when ``k`` is 0. When every candidate is recomputed, or for the
+   ``random`` policy (its seeded scores follow the global id order), they all-gather the ids.
+   Otherwise (per-node scores) each sends only its local top ``k`` as (id, score): the global
+   top ``k`` is among them. Every worker then gets the recomputed set S that
+   :func:`select_targets` gives on the whole candidate set; C = Q then S.
 2. layers 1..k-1 compute C, layer k computes Q. Per layer each worker aggregates the messages of
    its own sources (features at layer 1; computed rows for sources in C, their PEs otherwise, at
    layers >= 2) into a partial per destination, sends each destination's partial to the
@@ -15,11 +19,12 @@ process group:
 
 GCN uses the single-process normalisation ``1 / sqrt((d_j + 1)(d_i + 1))`` with ``d`` the
 in-degree in G' (request in-edges counted for Q and S); SAGE exchanges (sum, count); GAT first
-all-gathers each destination's attention term, then exchanges softmax partials; the owner adds
-the self loop. GCN and SAGE aggregate the source rows in place (one sparse matmul per row table,
-no per-edge message tensor) and project the partial when the layer narrows it, so the exchange
-carries ``min(in, out)`` columns. Bytes sent to other workers are counted
-(``Exchange.bytes_sent``).
+all-gathers each destination's attention term, then exchanges softmax partials (per head: the
+log-sum-exp of the local logits and the softmax-weighted mean, :func:`merge.pack`); the owner
+adds the self loop. GCN and SAGE aggregate the source rows in place (one sparse matmul per row
+table, no per-edge message tensor) and project the partial when the layer narrows it, so the
+exchange carries ``min(in, out)`` columns. Bytes sent to other workers are counted
+(``Exchange.bytes_sent``, and per step in ``Exchange.bytes_by``).
 
 Workers get each layer's weights as plain tensors (:data:`LayerParams`), not the PyG model: the
 worker processes then never import torch_geometric (seconds of start-up per actor).
@@ -53,7 +58,14 @@ from gnnserve.deploy.cgp.layers import (
     sage_layer,
 )
 from gnnserve.deploy.cgp.partition import Partition, RequestPart, owner
-from gnnserve.embeddings.policies import Candidates, PolicyInputs, budget, select_targets
+from gnnserve.deploy.cgp.rows import encoded_nbytes
+from gnnserve.embeddings.policies import (
+    POLICIES,
+    Candidates,
+    PolicyInputs,
+    budget,
+    select_targets,
+)
 
 __all__ = ["CGPWorker", "Layout", "RunSpec", "WorkerOutput"]
 
@@ -77,7 +89,8 @@ class WorkerOutput:
     recomputed: np.ndarray  # int64 [s] S (identical on every worker)
     num_candidates: int  # |R|
     bytes_sent: int  # bytes this worker sent to other workers, all collectives together
-    plain_bytes: int  # bytes worker 0 would fetch from this worker in the plain scheme
+    bytes_by: dict[str, int]  # the same per step ("candidates", "layer 1 partials", ...)
+    plain_by: dict[str, int]  # bytes worker 0 would fetch from this worker (plain scheme)
     compute_ms: float  # wall time of the worker's ``run``, milliseconds
 
 
@@ -161,47 +174,62 @@ class CGPWorker:
     def run(self, req: RequestPart, spec: RunSpec) -> WorkerOutput:
         """This worker's part of one request; every worker of the group must be called."""
         start = time.perf_counter()
-        self.comm.bytes_sent = 0
+        self.comm.reset()
         with torch.inference_mode():
-            cands, importance = self._candidates(req)
-            inputs = self._inputs(spec, cands, importance)
-            targets = select_targets(spec.policy, spec.gamma, cands, inputs)
+            targets, num_candidates = self._targets(req, spec)
             layout = self._layout(req.num_queries, targets)
             extra = np.unique(req.src, return_counts=True)
             blocks = self._blocks(req, layout)
             logits, embedding = self._forward(req, layout, blocks, extra)
+        compute_ms = (time.perf_counter() - start) * 1e3
         return WorkerOutput(
             req.queries,
             logits,
             embedding,
             targets,
-            cands.count,
+            num_candidates,
             self.comm.bytes_sent,
-            self._plain_bytes(layout, blocks) if self.rank else 0,
-            (time.perf_counter() - start) * 1e3,
+            dict(self.comm.bytes_by),
+            self._plain_bytes(layout, blocks) if self.rank else {},
+            compute_ms,
         )
 
-    def _candidates(self, req: RequestPart) -> tuple[Candidates, np.ndarray]:
-        """The global candidates and their importance: each worker contributes the ones it
-        owns (the sources of its request edges into queries)."""
+    def _targets(self, req: RequestPart, spec: RunSpec) -> tuple[np.ndarray, int]:
+        """(S, |R|): the recomputed set :func:`select_targets` gives on the global candidate
+        set, exchanging no more than the policy needs (see the module docstring)."""
         n = self.part.num_nodes
         ids, counts = np.unique(req.src[(req.src < n) & (req.dst >= n)], return_counts=True)
+        one = [1] * self.world
+        sizes = self.comm.broadcast_rows(torch.tensor([ids.size]), one, "candidates").tolist()
+        total = int(sum(sizes))
+        k = budget(spec.gamma, total)
+        if k == 0:
+            return np.empty(0, np.int64), total
+        if k == total or spec.policy == "random":
+            every = self.comm.broadcast_rows(torch.from_numpy(ids), sizes, "candidates").numpy()
+            every = np.sort(every)
+            zeros = np.zeros(total, np.int64)
+            cands = Candidates(every, zeros, zeros)
+            return select_targets(
+                spec.policy, spec.gamma, cands, PolicyInputs(seed=spec.seed)
+            ), total
         rows = ids // self.world
-        imp = self.part.importance[rows].view(np.int64)  # float64 bits travel as int64
-        local = np.stack([ids, counts, self.part.in_degree[rows], imp], axis=1)
-        table = self.comm.all_gather(torch.from_numpy(np.ascontiguousarray(local))).numpy()
-        table = table[np.argsort(table[:, 0], kind="stable")]
-        cands = Candidates(table[:, 0].copy(), table[:, 1].copy(), table[:, 2].copy())
-        return cands, table[:, 3].copy().view(np.float64)
+        local = Candidates(ids, counts.astype(np.int64), self.part.in_degree[rows])
+        scores = POLICIES.create(spec.policy, local, self._inputs(spec, ids, rows))
+        top = np.lexsort((ids, -scores))[:k]  # highest score first, then lowest id
+        pairs = np.stack([ids[top], scores[top].view(np.int64)], axis=1)  # float64 bits as int64
+        tops = [min(k, size) for size in sizes]
+        got = self.comm.broadcast_rows(torch.from_numpy(pairs), tops, "candidates").numpy()
+        order = np.lexsort((got[:, 0], -got[:, 1].copy().view(np.float64)))[:k]
+        return np.sort(got[order, 0]), total
 
-    def _inputs(self, spec: RunSpec, cands: Candidates, importance: np.ndarray) -> PolicyInputs:
-        """Policy side information, as the single-process path builds it."""
-        partial = 0 < budget(spec.gamma, cands.count) < cands.count
-        if not (partial and spec.policy == "importance"):
+    def _inputs(self, spec: RunSpec, ids: np.ndarray, rows: np.ndarray) -> PolicyInputs:
+        """Policy side information for the local candidates ``ids`` (local ``rows``)."""
+        if spec.policy != "importance":
             return PolicyInputs(seed=spec.seed)
         if self._scratch.size != self.part.num_nodes:
             self._scratch = np.zeros(self.part.num_nodes)
-        self._scratch[cands.nodes] = importance  # the policy reads the candidates' entries only
+        self._scratch[ids] = self.part.importance[rows]  # the policy reads these entries only
         return PolicyInputs(importance=self._scratch, seed=spec.seed)
 
     def _layout(self, m: int, targets: np.ndarray) -> Layout:
@@ -243,7 +271,7 @@ class CGPWorker:
             h_self = rows.get(layout.computed[owned[self.rank]])
             if layer == k - 1:
                 embedding = h_self
-            out = self._layer(self.layers[layer], rows, block, h_self, owned, deg, layout)
+            out = self._layer(layer, rows, block, h_self, owned, deg, layout)
             h_mine = F.relu(out) if layer < k - 1 else out
         return h_mine, embedding
 
@@ -264,7 +292,7 @@ class CGPWorker:
                 existing = ids < n
                 return existing, np.where(existing, ids, ids - n) // world
 
-            return SourceRows(self.features, req.features, stored)
+            return SourceRows(self.features, req.features.decode(), stored)
 
         def computed(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
             pos = layout.position(ids)
@@ -273,21 +301,22 @@ class CGPWorker:
 
         return SourceRows(h_mine, self.pes[layer - 1], computed)
 
-    def _shuffle(self, owned: list[np.ndarray]) -> Shuffle:
+    def _shuffle(self, owned: list[np.ndarray], tag: str) -> Shuffle:
         """Send each destination's partial to its owner; the P partials of my destinations."""
         mine = owned[self.rank].size
 
         def run(partial: merge.Partial) -> list[merge.Partial]:
             packed = merge.pack(partial)
             send = packed[torch.from_numpy(np.concatenate(owned))]
-            recv = self.comm.all_to_all(send, [o.size for o in owned], [mine] * self.world)
+            sizes = [o.size for o in owned]
+            recv = self.comm.all_to_all(send, sizes, [mine] * self.world, tag)
             return [merge.unpack(partial, chunk) for chunk in recv.split(mine)]
 
         return run
 
     def _layer(
         self,
-        params: LayerParams,
+        layer: int,
         rows: SourceRows,
         block: LocalBlock,
         h_self: torch.Tensor,
@@ -295,42 +324,56 @@ class CGPWorker:
         deg: _Degrees,
         layout: Layout,
     ) -> torch.Tensor:
-        shuffle = self._shuffle(owned)
+        params = self.layers[layer]
+        shuffle = self._shuffle(owned, f"layer {layer + 1} partials")
         if isinstance(params, GCNParams):
             mine = layout.computed[owned[self.rank]]
             return gcn_layer(params, rows, block, h_self, deg(block.sources), deg(mine), shuffle)
         if isinstance(params, SAGEParams):
             return sage_layer(params, rows, block, h_self, shuffle)
-        alpha = self._alpha_dst(params, h_self, owned, block.n_dst)
+        alpha = self._alpha_dst(params, h_self, owned, block.n_dst, f"layer {layer + 1} attention")
         return gat_layer(params, rows.get(block.sources), block, h_self, alpha, shuffle)
 
     def _alpha_dst(
-        self, params: GATParams, h_self: torch.Tensor, owned: list[np.ndarray], n_dst: int
+        self,
+        params: GATParams,
+        h_self: torch.Tensor,
+        owned: list[np.ndarray],
+        n_dst: int,
+        tag: str,
     ) -> torch.Tensor:
         """[n_dst, H] destination attention terms of every destination (owners broadcast)."""
         mine = (params.project(h_self) * params.att_dst).sum(-1)
-        got = self.comm.broadcast_rows(mine, [o.size for o in owned])
+        got = self.comm.broadcast_rows(mine, [o.size for o in owned], tag)
         out = torch.empty(n_dst, params.heads)
         out[torch.from_numpy(np.concatenate(owned))] = got
         return out
 
     # ------------------------------------------------------------------ accounting
 
-    def _plain_bytes(self, layout: Layout, blocks: list[LocalBlock]) -> int:
-        """Bytes worker 0 would fetch from this worker to build the SRPE graph itself:
-        feature rows, PE rows and adjacency entries (8 bytes per edge id) owned here."""
+    def _plain_bytes(self, layout: Layout, blocks: list[LocalBlock]) -> dict[str, int]:
+        """Bytes worker 0 would fetch from this worker to build the SRPE graph itself, by kind:
+        ``feature rows`` (dense or sparse, whichever is smaller: :func:`encoded_nbytes`), ``PE
+        rows`` and ``adjacency`` entries (8 bytes per edge id) owned here; and, for comparison
+        only, ``feature rows if dense`` (float32)."""
         n, k = layout.num_nodes, self.num_layers
         mine_s = layout.recomputed[layout.recomputed % self.world == self.rank]
         first = blocks[0].sources
         rows0 = np.union1d(first[first < n], mine_s if k > 1 else np.empty(0, np.int64))
-        total = rows0.size * self.part.features.shape[1] * 4
+        width = self.part.features.shape[1]
+        out = {
+            "feature rows": encoded_nbytes(self.part.feature_nnz[rows0 // self.world], width),
+            "feature rows if dense": rows0.size * width * 4,
+            "PE rows": 0,
+            "adjacency": 0,
+        }
         for layer in range(1, k):
             src = blocks[layer].sources
             pe_rows = int(((src < n) & (layout.position(src) < 0)).sum())
-            total += pe_rows * self.part.pes[layer - 1].shape[1] * 4
+            out["PE rows"] += pe_rows * self.part.pes[layer - 1].shape[1] * 4
         if k > 1:
-            total += 8 * int(self.part.in_degree[mine_s // self.world].sum())
-        return int(total)
+            out["adjacency"] = 8 * int(self.part.in_degree[mine_s // self.world].sum())
+        return out
 
 
 class _Degrees:
