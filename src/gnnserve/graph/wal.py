@@ -5,16 +5,19 @@ graph version (its sequence number, "seq") and its operations. The first record 
 seq 0; every later record's seq is the previous one + 1, so a replay applies each batch once and
 a gap means lost data.
 
-What a crash can leave, and what replay does with it. ``append`` writes one record with a single
-``O_APPEND`` write and (``fsync=always``) syncs it before the batch is acknowledged, so only the
+What a crash can leave, and what replay does with it. ``append`` appends one record
+(``O_APPEND``) and, with ``fsync=always``, syncs it before the batch is acknowledged, so only the
 final append can be incomplete: a process crash leaves a prefix of it without its newline; a
 power loss can also leave it zero-filled (the size reached the disk, the data did not) or partly
-written. The bytes after the last good record form a **torn tail** when they
+written. (With ``fsync=never`` a power loss can take more than one record; what is left is judged
+by the same rule.) The bytes after the last good record form a **torn tail** when they
 
 - hold no complete valid record, neither at a line start nor inside a damaged line, and
 - hold at most one newline, as their final byte (a single record's worth of damage).
 
-A torn tail was never acknowledged: replay drops it (truncating the file, unless read-only).
+A torn tail was never acknowledged: replay drops it (truncating the file, unless read-only: a
+reader beside a live writer reads the file as it was when it began, and a record being written
+right then is a torn tail).
 Anything else after the last good record -- a bad record followed by valid ones, a bad header
 followed by records, a seq gap or reordering, two damaged lines -- is **corruption**: replay
 raises :class:`~gnnserve.errors.StoreFormatError` naming the byte offset, the expected seq and
