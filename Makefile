@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-dev
 TORCH_PIN := torch==2.13.0
 
-.PHONY: demo test lint typecheck install bench bench-quick clean
+.PHONY: demo test lint typecheck install bench bench-quick bench-overload clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -37,15 +37,20 @@ bench: $(STAMP)
 	$(BIN)/pip install -q ../shared/wheels/*.whl
 	$(BIN)/python bench/sampling.py
 	$(BIN)/python bench/serving.py
+	$(BIN)/python bench/overload.py
 	$(BIN)/python bench/dynamic.py
 	$(BIN)/python bench/dynamic_http.py
 	$(BIN)/python bench/srpe.py
 	$(BIN)/python bench/cgp.py
 
+bench-overload: $(STAMP)
+	$(BIN)/python bench/overload.py
+
 bench-quick: $(STAMP)
 	$(BIN)/pip install -q ../shared/wheels/*.whl
 	$(BIN)/python bench/sampling.py --quick
 	$(BIN)/python bench/serving.py --quick
+	$(BIN)/python bench/overload.py --quick
 	$(BIN)/python bench/dynamic.py --quick
 	$(BIN)/python bench/dynamic_http.py --quick
 	$(BIN)/python bench/srpe.py --quick

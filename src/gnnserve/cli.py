@@ -30,6 +30,13 @@ def _serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-batch-nodes", type=int, default=None, help="seed nodes per batch")
     p.add_argument("--max-wait-ms", type=float, default=None, help="batching wait (0 = greedy)")
     p.add_argument("--max-queue", type=int, default=None, help="in-flight requests before 429")
+    p.add_argument(
+        "--max-queue-delay-ms",
+        type=float,
+        default=None,
+        help="429 when the work ahead of a request is predicted to take longer (default 100)",
+    )
+    p.add_argument("--timeout-s", type=float, default=None, help="request deadline (default 30)")
     p.add_argument("--max-nodes", type=int, default=None, help="nodes per request before 413")
     p.add_argument("--torch-threads", type=int, default=None, help="torch threads (default 1)")
     p.add_argument(
@@ -82,6 +89,8 @@ def serve_config(args: argparse.Namespace) -> ServeConfig:
             "batcher.max_batch_nodes": args.max_batch_nodes,
             "batcher.max_wait_ms": args.max_wait_ms,
             "admission.max_queue_requests": args.max_queue,
+            "admission.max_queue_delay_ms": args.max_queue_delay_ms,
+            "admission.timeout_s": args.timeout_s,
             "admission.max_nodes_per_request": args.max_nodes,
             "compute.torch_threads": args.torch_threads,
             "store.update_log": args.update_log,

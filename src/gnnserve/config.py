@@ -62,11 +62,20 @@ class ComputeConfig(_Strict):
 
 
 class AdmissionConfig(_Strict):
-    """Admission control: bounded queue, request size limit, deadline."""
+    """Admission control: bounded queue, request size limit, predicted queueing delay, deadline.
+
+    A request is refused (429) when the work admitted ahead of it is predicted to take longer
+    than ``max_queue_delay_ms``, or when its answer is predicted to come after its deadline
+    (``timeout_s``, or the client's ``X-Timeout-Ms`` header when smaller). See engine/delay.py.
+    """
 
     max_queue_requests: int = Field(4096, ge=1)  # admitted, unfinished requests before 429
     max_nodes_per_request: int = Field(4096, ge=1)  # larger requests get 413
     timeout_s: float = Field(30.0, gt=0)  # queue deadline per request
+    # predicted queueing delay beyond which a request gets 429; None = no delay-based shedding
+    max_queue_delay_ms: float | None = Field(100.0, gt=0)
+    # half-life, in completed batches, of a batch's weight in the service-time model
+    service_halflife: float = Field(16.0, gt=0)
 
 
 NewNodeMode = Literal["srpe", "full", "ns", "pe"]  # gnnserve.embeddings.srpe.MODES

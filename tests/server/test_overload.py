@@ -1,20 +1,27 @@
-"""Overload over HTTP: a full admission queue answers 429 with a JSON body, then recovers."""
+"""Overload over HTTP: 429 when the queue is full or a deadline cannot be met (shed before the
+body is read), 504 without compute for a request whose deadline passed in the pipeline."""
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
+from unittest.mock import ANY
 
 import httpx
 import uvicorn
 
 from gnnserve.config import ServeConfig
 from gnnserve.demo import free_port
+from gnnserve.engine.engine import Engine
 from gnnserve.engine.loader import build_engine
 from gnnserve.server.app import create_app
 from tests.engine.test_engine import _Gate
+from tests.server.conftest import serving
 
 
 def test_full_queue_answers_429_and_keeps_accepted_requests(
@@ -55,3 +62,122 @@ def test_full_queue_answers_429_and_keeps_accepted_requests(
         gate.event.set()
         server.should_exit = True
         thread.join(30)
+
+
+class _CountingGate:
+    """Wraps the model runner: counts forward passes, blocks them while ``open`` is clear."""
+
+    def __init__(self, runner: Any) -> None:
+        self.runner, self.open, self.forwards = runner, threading.Event(), 0
+        self.open.set()
+
+    def forward(self, batch: Any) -> Any:
+        self.forwards += 1
+        assert self.open.wait(30)
+        return self.runner.forward(batch)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.runner, name)
+
+
+def _gated_engine(store: Path, ckpt: Path, **overrides: object) -> tuple[Engine, _CountingGate]:
+    config = ServeConfig.load(
+        None, **{"store.path": str(store), "model_path": str(ckpt), **overrides}
+    )
+    engine = build_engine(config)
+    gate = _CountingGate(engine.runner)
+    engine.runner = gate  # type: ignore[assignment]
+    return engine, gate
+
+
+def _wait_for(condition: Callable[[], bool], timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.01)
+
+
+def _ready(base: str) -> None:
+    """Wait for /v2/health/ready: the start-up warm-up (a forward of its own) is over."""
+    _wait_for(lambda: httpx.get(f"{base}/v2/health/ready").status_code == 200)
+
+
+def test_unmeetable_deadline_gets_429_at_once_while_admitted_requests_succeed(
+    small_store: Path, small_ckpt: Path
+) -> None:
+    overrides = {"batcher.max_batch_nodes": 8, "admission.max_queue_delay_ms": None}
+    engine, gate = _gated_engine(small_store, small_ckpt, **overrides)
+    with serving(engine) as base:
+        url = f"{base}/v1/predict"
+        _ready(base)
+        for i in range(20):  # completed batches: the measured service time
+            assert httpx.post(url, json={"nodes": list(range(i, i + 8))}).status_code == 200
+        gate.open.clear()
+        release = threading.Timer(5.0, gate.open.set)  # old code: the refused one waits for this
+        release.start()
+        with ThreadPoolExecutor(12) as pool:
+            admitted = [
+                pool.submit(httpx.post, url, json={"nodes": list(range(8))}, timeout=60)
+                for _ in range(12)
+            ]
+            _wait_for(lambda: engine.admission.backlog.queued[1] == 10)  # 2 batches in flight
+            predicted = engine.admission.backlog.predict(1, time.perf_counter())
+            assert predicted is not None and predicted.wait_s > 0
+            timeout_ms = f"{max(predicted.latency_s * 1e3 / 4, 1.0):.1f}"
+            start = time.perf_counter()
+            refused = httpx.post(url, json={"nodes": [1]}, headers={"X-Timeout-Ms": timeout_ms})
+            elapsed = time.perf_counter() - start
+            assert refused.status_code == 429, refused.text
+            assert elapsed < 1.0  # the gate holds the backlog for 5 s
+            assert refused.json() == {
+                "error": {"kind": "overloaded", "message": ANY, "field": None}
+            }
+            assert int(refused.headers["retry-after"]) >= 1
+            # shed before the body is read: a body that never arrives gets the same answer
+            port = int(base.rsplit(":", 1)[1])
+            with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+                sock.sendall(
+                    b"POST /v1/predict HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                    b"content-length: 100000\r\nx-timeout-ms: " + timeout_ms.encode() + b"\r\n\r\n{"
+                )
+                head = sock.recv(65536)
+            assert head.startswith(b"HTTP/1.1 429"), head
+            untimed = pool.submit(httpx.post, url, json={"nodes": [1]}, timeout=60)
+            assert not untimed.done()  # no deadline, no budget: admitted, waits behind the gate
+            gate.open.set()
+            assert [f.result().status_code for f in [*admitted, untimed]] == [200] * 13
+        release.cancel()
+
+
+def test_deadline_passed_in_the_pipeline_gets_504_without_compute(
+    small_store: Path, small_ckpt: Path
+) -> None:
+    engine, gate = _gated_engine(small_store, small_ckpt)
+    with serving(engine) as base, ThreadPoolExecutor(2) as pool:
+        url = f"{base}/v1/predict"
+        _ready(base)
+        warm_up = gate.forwards
+        gate.open.clear()
+        first = pool.submit(httpx.post, url, json={"nodes": [1]}, timeout=60)
+        _wait_for(lambda: gate.forwards == warm_up + 1)
+        late = pool.submit(
+            httpx.post, url, json={"nodes": [2]}, headers={"X-Timeout-Ms": "200"}, timeout=60
+        )
+        time.sleep(0.6)  # its batch is sampled and fetched, then waits for the compute stage
+        gate.open.set()
+        assert first.result().status_code == 200
+        answer = late.result()
+        assert answer.status_code == 504, answer.text
+        assert answer.json()["error"]["kind"] == "deadline_exceeded"
+        assert gate.forwards == warm_up + 1  # the expired batch never ran the model
+        assert httpx.post(url, json={"nodes": [2]}).status_code == 200
+        assert gate.forwards == warm_up + 2
+
+
+def test_malformed_timeout_header_is_a_400(live_server: str) -> None:
+    for value in ("soon", "-5", "0", "nan", "1e400"):
+        r = httpx.post(
+            f"{live_server}/v1/predict", json={"nodes": [1]}, headers={"X-Timeout-Ms": value}
+        )
+        assert r.status_code == 400, (value, r.text)
+        assert r.json()["error"]["field"] == "X-Timeout-Ms"

@@ -1,20 +1,77 @@
-"""Admission control: validate a request, bound the number in flight, stamp its deadline."""
+"""Admission control: validate a request, bound the work in flight, stamp its deadline.
+
+A request is refused with 429 (OverloadedError) when ``max_queue_requests`` are in flight, when
+the work admitted ahead of it is predicted to take longer than ``max_queue_delay_ms``, or when
+its answer is predicted to come after its deadline (see :mod:`gnnserve.engine.delay`; the
+predictions include a margin calibrated on the actual latencies of admitted requests). An
+engine with nothing queued or in flight admits whatever the prediction. The deadline is
+``timeout_s`` after admission, or earlier when the caller set one: the HTTP layer sets it from
+the ``X-Timeout-Ms`` header through :data:`REQUEST`, Python callers with
+:func:`request_timeout`.
+"""
 
 from __future__ import annotations
 
 import itertools
+import math
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import Future
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from gnnserve.config import AdmissionConfig
+from gnnserve.engine.delay import Backlog, Prediction
 from gnnserve.errors import InvalidInputError, OverloadedError, ShuttingDownError, TooManyNodesError
 from gnnserve.graph.base import GraphStore
 from gnnserve.types import InferenceRequest, InferenceResult, OutputKind
+
+TIMEOUT_HEADER = "X-Timeout-Ms"
+MAX_TIMEOUT_MS = 86_400_000.0  # one day
+
+
+@dataclass(frozen=True)
+class RequestContext:
+    """When a request arrived (perf_counter seconds) and the deadline its caller set, if any."""
+
+    arrival_s: float
+    deadline_s: float | None = None
+
+
+# set by the HTTP layer (server/shedding.py) for the request being handled; read by admission
+REQUEST: ContextVar[RequestContext | None] = ContextVar("gnnserve_request", default=None)
+
+
+def parse_timeout_ms(value: object) -> float:
+    """A caller's timeout in ms, > 0 and finite; InvalidInputError naming the header otherwise."""
+    try:
+        ms = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        ms = math.nan
+    if not (0 < ms <= MAX_TIMEOUT_MS):
+        raise InvalidInputError(
+            f"{TIMEOUT_HEADER} must be a number of milliseconds in (0, {MAX_TIMEOUT_MS:.0f}], "
+            f"got {str(value)[:40]!r}",
+            TIMEOUT_HEADER,
+        )
+    return ms
+
+
+@contextmanager
+def request_timeout(timeout_ms: float) -> Iterator[None]:
+    """Requests admitted in this block must be answered within ``timeout_ms`` from its start."""
+    ms = parse_timeout_ms(timeout_ms)
+    now = time.perf_counter()
+    token = REQUEST.set(RequestContext(now, now + ms / 1e3))
+    try:
+        yield
+    finally:
+        REQUEST.reset(token)
 
 
 @dataclass
@@ -37,11 +94,18 @@ def parse_output(output: str | OutputKind) -> OutputKind:
 
 
 class Admission:
-    """Bounded admission: at most ``max_queue_requests`` admitted and unfinished requests."""
+    """Admission by in-flight bound, predicted queueing delay and deadline.
 
-    def __init__(self, graph: GraphStore, config: AdmissionConfig) -> None:
+    ``backlog`` tracks the existing-node pipeline (greedy batches of ``max_batch_nodes`` seed
+    nodes); other queues (new nodes) pass their own :class:`Backlog` to :meth:`reserve`.
+    """
+
+    def __init__(
+        self, graph: GraphStore, config: AdmissionConfig, max_batch_nodes: int | None = 1024
+    ) -> None:
         self.graph = graph
         self.config = config
+        self.backlog = Backlog(max_batch_nodes, config.service_halflife)
         self._in_flight = 0
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
@@ -61,6 +125,14 @@ class Admission:
         """Refuse every later request (graceful shutdown)."""
         self._closed = True
 
+    def deadline(self, now: float) -> float:
+        """perf_counter() deadline of a request admitted at ``now``: ``timeout_s`` or earlier."""
+        deadline = now + self.config.timeout_s
+        ctx = REQUEST.get()
+        if ctx is not None and ctx.deadline_s is not None:
+            deadline = min(deadline, ctx.deadline_s)
+        return deadline
+
     def admit(
         self,
         nodes: object,
@@ -69,26 +141,43 @@ class Admission:
     ) -> Ticket:
         """Validate and admit; raises InvalidInputError / TooManyNodesError / OverloadedError.
 
-        ``fanouts`` must already be validated (``Planner.check``).
+        ``fanouts`` must already be validated (``Planner.check``). The caller must put the
+        ticket on the batcher's inbox (it is counted in ``backlog`` as queued).
         """
         if self._closed:
             raise ShuttingDownError("server is shutting down")
         kind = parse_output(output)
         ids = self._check_nodes(nodes)
         future: Future[InferenceResult] = Future()
-        self.reserve(future)
         now = time.perf_counter()
-        req = InferenceRequest(ids, kind, self.next_id(), now, now + self.config.timeout_s, fanouts)
+        deadline = self.deadline(now)
+        self.reserve(future, self.backlog, int(ids.size), deadline)
+        self.backlog.enqueue(int(ids.size))
+        req = InferenceRequest(ids, kind, self.next_id(), now, deadline, fanouts)
         return Ticket(req, future)
 
-    def reserve(self, future: Future[Any]) -> None:
+    def reserve(
+        self,
+        future: Future[Any],
+        backlog: Backlog | None = None,
+        units: int = 1,
+        deadline: float | None = None,
+    ) -> None:
         """Count ``future`` as in flight until it is done, or refuse it.
 
-        Raises ShuttingDownError once closed, OverloadedError when ``max_queue_requests`` are
-        already in flight (every kind of request shares the bound).
+        Raises ShuttingDownError once closed; OverloadedError when ``max_queue_requests`` are
+        already in flight (every kind of request shares the bound) or when ``backlog`` predicts
+        too long a wait for ``units`` more (see :meth:`refusal`). An admitted request's actual
+        latency, once done, calibrates ``backlog``'s predictions.
         """
         if self._closed:
             raise ShuttingDownError("server is shutting down")
+        now = time.perf_counter()
+        predicted = None
+        if backlog is not None:
+            reason, predicted = self.refusal(backlog, units, now, deadline)
+            if reason is not None:
+                raise OverloadedError(reason)
         with self._lock:
             if self._in_flight >= self.config.max_queue_requests:
                 raise OverloadedError(
@@ -96,6 +185,57 @@ class Admission:
                 )
             self._in_flight += 1
         future.add_done_callback(self._release)
+        if backlog is not None and predicted is not None:
+            calibration, latency = backlog.calibration, predicted.latency_s
+            future.add_done_callback(
+                lambda _: calibration.observe(latency, time.perf_counter() - now)
+            )
+
+    def refusal(
+        self, backlog: Backlog, units: int, now: float, deadline: float | None
+    ) -> tuple[str | None, Prediction | None]:
+        """Why a request of ``units`` arriving at ``now`` would be refused (None: admitted),
+        and the raw prediction it was judged on (None while the model is not ready).
+
+        Refused when the predicted queueing delay exceeds ``max_queue_delay_ms`` or the
+        predicted answer comes after ``deadline``; each prediction plus the backlog's
+        calibration margin, at most half the time it is judged against. Never refused while
+        ``backlog`` is idle.
+        """
+        predicted = backlog.predict(units, now)
+        if predicted is None or backlog.idle:
+            return None, predicted
+        margin = backlog.calibration.margin_s
+        budget = self.config.max_queue_delay_ms
+        if budget is not None:
+            wait_ms = (predicted.wait_s + min(margin, budget / 2e3)) * 1e3
+            if wait_ms > budget:
+                return (
+                    f"predicted queueing delay {wait_ms:.0f} ms exceeds the budget of "
+                    f"{budget:g} ms; retry later",
+                    predicted,
+                )
+        if deadline is not None:
+            remaining = deadline - now
+            latency = predicted.latency_s + min(margin, remaining / 2)
+            if latency > remaining:
+                return (
+                    f"answer predicted in {latency * 1e3:.0f} ms, after the request's deadline "
+                    f"(in {remaining * 1e3:.0f} ms); retry later",
+                    predicted,
+                )
+        return None, predicted
+
+    def would_refuse(self, deadline: float | None = None) -> float | None:
+        """Cheap check for the HTTP layer, before the body is read: None when the smallest
+        request (one node) would be admitted now, else a retry delay hint in seconds."""
+        if self._in_flight >= self.config.max_queue_requests:
+            return 1.0
+        reason, predicted = self.refusal(self.backlog, 1, time.perf_counter(), deadline)
+        if reason is None:
+            return None
+        assert predicted is not None
+        return predicted.wait_s
 
     def next_id(self) -> int:
         """A fresh request id (monotonic, shared by every kind of request)."""

@@ -1,20 +1,33 @@
-"""Dynamic batching: coalesce concurrent requests into one batch of seed nodes."""
+"""Dynamic batching: coalesce concurrent requests into one batch of seed nodes.
+
+The batcher also reports to the admission :class:`~gnnserve.engine.delay.Backlog` when requests
+leave the queue and when batches leave the pipeline, which trains the service-time model.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import time
 from collections.abc import Callable
+from concurrent.futures import InvalidStateError
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from gnnserve.config import BatcherConfig
 from gnnserve.engine.admission import Ticket
-from gnnserve.errors import DeadlineExceededError
+from gnnserve.engine.delay import Backlog
+from gnnserve.errors import DeadlineExceededError, GnnServeError
 from gnnserve.types import MiniBatch, SampledSubgraph
 
 STOP = object()  # sentinel closing a stage queue
+
+
+def _fail(ticket: Ticket, exc: GnnServeError) -> None:
+    """Resolve ``ticket`` with ``exc`` unless it is already done (or cancelled by its caller)."""
+    with contextlib.suppress(InvalidStateError):
+        ticket.future.set_exception(exc)
 
 
 @dataclass
@@ -29,6 +42,26 @@ class Batch:
     subgraph: SampledSubgraph | None = None  # set by the sample stage
     minibatch: MiniBatch | None = None  # set by the fetch stage
     stage_ms: dict[str, float] = field(default_factory=dict)  # per-stage wall time, ms
+    token: int | None = None  # the batch's entry in the admission backlog
+
+
+def drop_expired(batch: Batch) -> None:
+    """Answer 504 to the requests of ``batch`` past their deadline, before a stage runs.
+
+    Raises DeadlineExceededError when no request is left waiting: the stage skips the batch.
+    """
+    now = time.perf_counter()
+    waiting = False
+    for ticket in batch.tickets:
+        if ticket.future.done():
+            continue
+        deadline = ticket.request.deadline_s
+        if deadline is not None and now > deadline:
+            _fail(ticket, DeadlineExceededError("request expired before its batch was computed"))
+        else:
+            waiting = True
+    if not waiting:
+        raise DeadlineExceededError("every request of the batch expired")
 
 
 class Batcher:
@@ -43,10 +76,12 @@ class Batcher:
         config: BatcherConfig,
         inbox: queue.Queue[object],
         cost: Callable[[np.ndarray], float] | None = None,
+        backlog: Backlog | None = None,
     ) -> None:
         self.config = config
         self.inbox = inbox
         self.cost = cost  # expected sampling work of some seeds (PSGS sum), for max_batch_cost
+        self.backlog = backlog  # admission's account of queued and in-flight work
         self._carry: Ticket | None = None  # a ticket that did not fit the previous batch
         self.stopped = False
 
@@ -67,8 +102,11 @@ class Batcher:
                 return None
             assert isinstance(item, Ticket)
             deadline = item.request.deadline_s
-            if deadline is not None and time.perf_counter() > deadline:
-                item.future.set_exception(DeadlineExceededError("request expired in the queue"))
+            expired = deadline is not None and time.perf_counter() > deadline
+            if expired or item.future.cancelled():  # cancelled: its caller went away
+                if self.backlog is not None:
+                    self.backlog.dequeue(int(item.request.nodes.size))
+                _fail(item, DeadlineExceededError("request expired in the queue"))
                 continue
             return item
 
@@ -103,4 +141,14 @@ class Batcher:
             size += ticket.request.nodes.size
             cost += extra
         seeds = np.concatenate([t.request.nodes for t in tickets])
-        return Batch(tickets, seeds, time.perf_counter(), fanouts=first.request.fanouts)
+        batch = Batch(tickets, seeds, time.perf_counter(), fanouts=first.request.fanouts)
+        if self.backlog is not None:
+            batch.token = self.backlog.started(int(seeds.size), len(tickets), batch.formed_s)
+        return batch
+
+    def finished(self, batch: Batch) -> None:
+        """``batch`` left the pipeline (answered or failed): report it to the backlog."""
+        if self.backlog is not None and batch.token is not None:
+            ok = "compute" in batch.stage_ms  # the model ran: its time is a service sample
+            self.backlog.finished(batch.token, time.perf_counter(), ok)
+            batch.token = None

@@ -19,7 +19,7 @@ import torch
 from gnnserve.config import ServeConfig
 from gnnserve.embeddings.base import EmbeddingStore
 from gnnserve.engine.admission import Admission
-from gnnserve.engine.batcher import STOP, Batch, Batcher
+from gnnserve.engine.batcher import STOP, Batch, Batcher, drop_expired
 from gnnserve.engine.newnodes import NewNodePrediction, NewNodeService
 from gnnserve.engine.pipeline import Stage, fail_batch
 from gnnserve.engine.planner import Planner
@@ -61,9 +61,13 @@ class Engine:
         self.psgs = self.planner.psgs  # expected sampled nodes per seed (None: graph changes)
         if updates is not None and self.planner.presampler is not None:
             updates.attach(self.planner.presampler)
-        self.admission = Admission(graph, self.config.admission)
+        self.admission = Admission(
+            graph, self.config.admission, self.config.batcher.max_batch_nodes
+        )
         self._inbox: queue.Queue[object] = queue.Queue()
-        self.batcher = Batcher(self.config.batcher, self._inbox, self.planner.expected_size)
+        self.batcher = Batcher(
+            self.config.batcher, self._inbox, self.planner.expected_size, self.admission.backlog
+        )
         self.observers: list[Callable[[Batch], None]] = []  # called after each finished batch
         self._threads: list[threading.Thread] = []
         self._started = False
@@ -224,18 +228,20 @@ class Engine:
             except BaseException as exc:  # noqa: BLE001 - reported per request
                 self.graph.release_read()
                 fail_batch(batch, exc)
-                self._slots.release()
+                self._release_slot(batch)
                 continue
             batch.stage_ms["sample"] = (time.perf_counter() - start) * 1e3
             outbox.put(batch)
         outbox.put(STOP)
 
-    def _release_slot(self, _: Batch) -> None:
+    def _release_slot(self, batch: Batch) -> None:
+        self.batcher.finished(batch)  # trains admission's service-time model
         self._slots.release()
 
     def _fetch(self, batch: Batch) -> None:
         assert batch.subgraph is not None
         try:
+            drop_expired(batch)  # 504 for requests past their deadline; none left: skip
             ids = batch.subgraph.input_nodes
             x = self.features.get(ids)
             in_degree = torch.from_numpy(self.graph.gcn_degree(ids))  # full-graph, for GCN
@@ -245,9 +251,11 @@ class Engine:
 
     def _compute(self, batch: Batch) -> None:
         assert batch.minibatch is not None and batch.subgraph is not None
+        drop_expired(batch)
         start = time.perf_counter()
         logits, embedding = self.runner.forward(batch.minibatch)
         batch.stage_ms["compute"] = (time.perf_counter() - start) * 1e3
+        self.batcher.finished(batch)  # before the answers: a caller's next request finds it done
         self._resolve(batch, logits, embedding)
         for observe in self.observers:
             observe(batch)

@@ -26,6 +26,7 @@ from gnnserve.embeddings.newnodes import parse_new_nodes
 from gnnserve.embeddings.result import RunOptions, check_run_options
 from gnnserve.embeddings.srpe import MODES, NewNodeInference
 from gnnserve.engine.admission import parse_output
+from gnnserve.engine.delay import Backlog
 from gnnserve.errors import (
     DeadlineExceededError,
     GnnServeError,
@@ -149,6 +150,8 @@ class NewNodeService:
         self._inference: NewNodeInference | None = None
         self._inference_lock = threading.Lock()
         self._thread: threading.Thread | None = None
+        # admission's account of this queue: one request per run, units = new nodes
+        self.backlog = Backlog(None, engine.config.admission.service_halflife)
 
     # lifecycle -------------------------------------------------------------------------------
     def start(self) -> None:
@@ -229,9 +232,10 @@ class NewNodeService:
         check_embeddings(pes, e.runner.version, e.graph)  # early answer; re-checked when run
         future: Future[NewNodePrediction] = Future()
         with self._lock:
-            e.admission.reserve(future)
             now = time.perf_counter()
-            deadline = now + e.config.admission.timeout_s
+            deadline = e.admission.deadline(now)
+            e.admission.reserve(future, self.backlog, new.count, deadline)
+            self.backlog.enqueue(new.count)
             request = NewNodeRequest(new, kind, mode, options, e.admission.next_id(), now, deadline)
             self._queue.put((request, future))
         return future
@@ -255,14 +259,20 @@ class NewNodeService:
             assert isinstance(item, tuple)
             request, future = item
             if not future.set_running_or_notify_cancel():
+                self.backlog.dequeue(request.new.count)
                 continue  # the caller gave up while it waited
+            token = self.backlog.started(request.new.count, 1, time.perf_counter())
             try:
-                future.set_result(self._run(request))
+                result = self._run(request)
             except BaseException as exc:  # noqa: BLE001 - reported to the caller
+                self.backlog.finished(token, time.perf_counter(), ok=False)
                 if not isinstance(exc, GnnServeError):
                     log.exception("new-node request failed", exc_info=exc)
                     exc = GnnServeError(f"internal error: {type(exc).__name__}: {exc}")
                 future.set_exception(exc)
+                continue
+            self.backlog.finished(token, time.perf_counter())  # before the answer, as batches
+            future.set_result(result)
 
     def _warm_up(self) -> None:
         """Build the overlay and importance scores before the first request needs them."""

@@ -32,6 +32,7 @@ from gnnserve.server.schemas import (
     UpdatesRequest,
     UpdatesResponse,
 )
+from gnnserve.server.shedding import SheddingMiddleware
 from gnnserve.types import InferenceResult
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
@@ -132,6 +133,7 @@ def create_app(engine: Engine, model_name: str = "default") -> FastAPI:
     app.state.engine = engine
     app.state.metrics = metrics
     app.state.model_name = model_name
+    app.add_middleware(SheddingMiddleware, engine=engine, metrics=metrics)  # 429 before body
 
     @app.exception_handler(GnnServeError)
     async def _ours(_: Request, exc: GnnServeError) -> JSONResponse:

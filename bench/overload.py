@@ -1,0 +1,349 @@
+"""Overload: does `gnnserve serve` shed load fast and keep the admitted requests on time?
+
+A real `gnnserve serve` process (GraphSAGE 2x256, fanouts [25, 10], 1 torch thread) on
+fb100_cornell5 with 128-dim random features; each request asks for ``NODES`` random nodes (16:
+the model, not the HTTP layer, is then the bottleneck, which is what admission control is for;
+with single-node requests this 2-core machine saturates its event loop and the load generator
+first). The load generator runs in a separate process (no torch in it), on the same 2 cores.
+
+1. unloaded p99: open-loop Poisson load at ``UNLOADED_RPS``, no deadline;
+2. the deadline of every later request is 2x that p99, sent as ``X-Timeout-Ms``; the goal
+   "admitted p99 <= 2x the unloaded p99" is then "admitted answers meet their deadline";
+3. sustainable capacity: the highest rate at which >= 99% of the requests are answered 200
+   within the deadline (ladder x2 from ``START_RPS``, then bisection to 10%, 25% in --quick);
+4. rounds of open-loop load at 1x, 2x and 3x that capacity (arms interleaved, A B C C B A):
+   admitted p50/p99, 429 p50/p99 (client-side latency from the scheduled send time), 504s,
+   goodput (200 within the deadline, per second) against capacity. Published: the median over
+   rounds with its range.
+
+    python bench/overload.py            # full run (< 10 min): results/overload.json and .png
+    python bench/overload.py --quick    # smoke run (< 1 min): results/overload_quick.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import gnnserve  # noqa: F401  (first: sets the OpenMP wait policy)
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import (  # noqa: E402
+    DATASETS,
+    Targets,
+    find_capacity,
+    fmt_range,
+    interleaved_rounds,
+    median_range,
+    result_name,
+    save_figure,
+    write_results,
+)
+
+NODES = 16  # nodes per request
+UNLOADED_RPS = 20.0
+START_RPS = 50.0
+GOOD_FRACTION = 0.99  # share answered 200 within the deadline for a rate to be sustainable
+FACTORS = (1, 2, 3)
+HEADER = "X-Timeout-Ms"
+
+
+# ---- load generator (runs in its own process: imports no torch) ---------------------------------
+def run_load(
+    url: str, rate: float, duration: float, num_nodes: int, timeout_ms: float | None, seed: int
+) -> dict[str, Any]:
+    """Open-loop Poisson load; per request: HTTP status (-1: client error) and latency (ms)."""
+    return asyncio.run(_open_loop(url, rate, duration, num_nodes, timeout_ms, seed))
+
+
+async def _open_loop(
+    url: str, rate: float, duration: float, num_nodes: int, timeout_ms: float | None, seed: int
+) -> dict[str, Any]:
+    import aiohttp
+
+    from gnnserve.loadgen import frozen_heap
+
+    rng = np.random.default_rng(seed)
+    n = max(1, int(rate * duration))
+    send_at = np.cumsum(rng.exponential(1.0 / rate, n))
+    bodies = [
+        json.dumps({"nodes": row}).encode()
+        for row in rng.integers(0, num_nodes, (n, NODES)).tolist()
+    ]
+    headers = {"content-type": "application/json"}
+    if timeout_ms is not None:
+        headers[HEADER] = f"{timeout_ms:.1f}"
+    status = np.zeros(n, np.int64)
+    latency = np.zeros(n)
+    lag = np.zeros(n)
+
+    async def send(session: aiohttp.ClientSession, i: int, t0: float) -> None:
+        lag[i] = time.perf_counter() - t0
+        try:
+            async with session.post(url, data=bodies[i], headers=headers) as resp:
+                await resp.read()
+                status[i] = resp.status
+        except (aiohttp.ClientError, asyncio.TimeoutError):
+            status[i] = -1
+        latency[i] = (time.perf_counter() - t0) * 1e3
+
+    connector = aiohttp.TCPConnector(limit=1024)
+    timeout = aiohttp.ClientTimeout(total=60)
+    with frozen_heap():
+        async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+            start = time.perf_counter()
+            tasks = []
+            for i, offset in enumerate(send_at):
+                delay = start + offset - time.perf_counter()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                tasks.append(asyncio.create_task(send(session, i, start + float(offset))))
+            await asyncio.gather(*tasks)
+    return {
+        "status": status.tolist(),
+        "latency_ms": latency.tolist(),
+        "lag_ms": (lag * 1e3).tolist(),
+        "duration_s": max(float(send_at[-1]), duration),
+    }
+
+
+# ---- summaries -----------------------------------------------------------------------------------
+def _pct(values: np.ndarray, q: float) -> float:
+    return float(np.percentile(values, q)) if values.size else float("nan")
+
+
+def summarize(raw: dict[str, Any], rate: float, timeout_ms: float | None) -> dict[str, float]:
+    """Headline numbers of one run: what was admitted, shed, late, and the goodput."""
+    status, latency = np.asarray(raw["status"]), np.asarray(raw["latency_ms"])
+    ok, shed = latency[status == 200], latency[status == 429]
+    good = int((ok <= timeout_ms).sum()) if timeout_ms is not None else ok.size
+    return {
+        "offered_rps": rate,
+        "requests": int(status.size),
+        "ok": int(ok.size),
+        "good": good,
+        "good_fraction": good / status.size,
+        "goodput_rps": good / raw["duration_s"],
+        "admitted_p50_ms": _pct(ok, 50),
+        "admitted_p99_ms": _pct(ok, 99),
+        "shed": int(shed.size),
+        "shed_p50_ms": _pct(shed, 50),
+        "shed_p99_ms": _pct(shed, 99),
+        "deadline_exceeded": int((status == 504).sum()),
+        "other_errors": int(((status != 200) & (status != 429) & (status != 504)).sum()),
+        "client_lag_p99_ms": _pct(np.asarray(raw["lag_ms"]), 99),
+    }
+
+
+def _line(row: dict[str, float]) -> str:
+    return (
+        f"  {row['offered_rps']:7.1f}/s  good {row['goodput_rps']:7.1f}/s "
+        f"({row['good_fraction']:6.1%})  admitted p50 {row['admitted_p50_ms']:6.1f} "
+        f"p99 {row['admitted_p99_ms']:6.1f} ms  429: {row['shed']:5d} p50 "
+        f"{row['shed_p50_ms']:5.1f} p99 {row['shed_p99_ms']:5.1f} ms  504: "
+        f"{row['deadline_exceeded']}  other: {row['other_errors']}  "
+        f"client lag p99 {row['client_lag_p99_ms']:.1f} ms"
+    )
+
+
+# ---- the experiment ------------------------------------------------------------------------------
+def prepare(workdir: Path) -> tuple[Path, Path, int]:
+    """fb100_cornell5 store with 128-dim random features and a random-init GraphSAGE 2x256."""
+    import torch
+
+    from gnnserve.data.writer import GraphData, write_store
+    from gnnserve.models.checkpoint import save_checkpoint
+    from gnnserve.models.zoo import GNN, ModelConfig
+
+    with np.load(DATASETS / "fb100_cornell5.npz") as z:
+        edge_index, n = z["edge_index"], int(z["num_nodes"])
+    x = np.random.default_rng(0).standard_normal((n, 128), dtype=np.float32)
+    store = workdir / "store"
+    write_store(GraphData("fb100_cornell5", n, edge_index, x), store)
+    torch.manual_seed(0)
+    config = ModelConfig(arch="sage", in_dim=128, hidden_dim=256, out_dim=2, num_layers=2)
+    ckpt = workdir / "sage"
+    save_checkpoint(ckpt, GNN(config), config, {"note": "random init for the overload benchmark"})
+    return store, ckpt, n
+
+
+class Experiment:
+    """One server, one load-generator process, and the measurements taken against them."""
+
+    def __init__(self, url: str, num_nodes: int, pool: ProcessPoolExecutor, step_s: float):
+        self.url, self.num_nodes, self.pool, self.step_s = url, num_nodes, pool, step_s
+        self.timeout_ms: float | None = None
+        self.seed = 0
+
+    def run(self, rate: float, duration: float | None = None) -> dict[str, float]:
+        """One open-loop step at ``rate``; prints and returns its summary."""
+        self.seed += 1
+        args = (self.url, rate, duration or self.step_s, self.num_nodes, self.timeout_ms, self.seed)
+        row = summarize(self.pool.submit(run_load, *args).result(), rate, self.timeout_ms)
+        print(_line(row), flush=True)
+        time.sleep(0.3)  # let the last answers drain before the next step
+        return row
+
+
+def measure(exp: Experiment, quick: bool, rounds: int) -> dict[str, Any]:
+    """Unloaded p99, then capacity under that deadline, then the 1x/2x/3x rounds."""
+    print("unloaded:")
+    unloaded = exp.run(UNLOADED_RPS, 3.0 if quick else 15.0)
+    exp.timeout_ms = float(np.ceil(2 * unloaded["admitted_p99_ms"] * 10) / 10)
+    print(f"deadline {exp.timeout_ms} ms (2x unloaded p99); capacity:")
+    cap = find_capacity(
+        lambda r: exp.run(r)["good_fraction"] >= GOOD_FRACTION,
+        START_RPS,
+        tolerance=0.25 if quick else 0.1,
+    )
+    capacity = cap.rate
+    print(f"capacity {capacity:.0f}/s; overload rounds:")
+    rows: dict[str, list[dict[str, float]]] = {f"{f}x": [] for f in FACTORS}
+
+    def arm(f: int) -> Any:
+        def go() -> float:
+            rows[f"{f}x"].append(exp.run(f * capacity))
+            return 0.0
+
+        return go
+
+    interleaved_rounds({f"{f}x": arm(f) for f in FACTORS}, rounds)
+    return {
+        "unloaded": unloaded,
+        "deadline_ms": exp.timeout_ms,
+        "capacity_rps": capacity,
+        "capacity_probes": cap.probes,
+        "runs": rows,
+    }
+
+
+def stats(result: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Per load factor: median and range over rounds of the headline numbers."""
+    keys = ("admitted_p99_ms", "shed_p50_ms", "shed_p99_ms", "deadline_exceeded", "goodput_rps")
+    out = {}
+    for name, runs in result["runs"].items():
+        s = {k: median_range([r[k] for r in runs]) for k in keys}
+        s["goodput_vs_capacity"] = median_range(
+            [r["goodput_rps"] / result["capacity_rps"] for r in runs]
+        )
+        out[name] = s
+    return out
+
+
+def plot(result: dict[str, Any], summary: dict[str, dict[str, Any]], path: Path) -> None:
+    """Admitted p99, 429 latency and goodput against the load factor, with the goals."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(summary)
+    xs = np.array(FACTORS, dtype=float)
+
+    def bars(ax: Any, key: str, label: str, **kw: Any) -> None:
+        s = [summary[n][key] for n in names]
+        mid = np.array([v["median"] for v in s])
+        err = np.array([mid - [v["min"] for v in s], [v["max"] for v in s] - mid])
+        ax.errorbar(xs, mid, yerr=err, fmt="o-", capsize=4, label=label, **kw)
+
+    fig, (a, b, c) = plt.subplots(1, 3, figsize=(13, 4))
+    bars(a, "admitted_p99_ms", "admitted p99")
+    a.axhline(result["unloaded"]["admitted_p99_ms"], color="grey", ls=":", label="unloaded p99")
+    a.axhline(result["deadline_ms"], color="red", ls="--", label="goal: 2x unloaded p99")
+    a.set(xlabel="offered load / capacity", ylabel="ms", title="admitted requests")
+    bars(b, "shed_p50_ms", "429 p50")
+    bars(b, "shed_p99_ms", "429 p99")
+    b.axhline(50, color="red", ls="--", label="goal: p99 50 ms")
+    b.set(xlabel="offered load / capacity", ylabel="ms", title="refused requests (429)")
+    bars(c, "goodput_vs_capacity", "goodput / capacity")
+    c.axhline(0.9, color="red", ls="--", label="goal at 3x: 0.9")
+    c.set(xlabel="offered load / capacity", ylabel="ratio", ylim=(0, 1.2), title="goodput")
+    for ax in (a, b, c):
+        ax.set_xticks(xs)
+        ax.legend(fontsize=8)
+    fig.suptitle(
+        f"overload, {NODES}-node requests, GraphSAGE 2x256 [25, 10] on fb100: capacity "
+        f"{result['capacity_rps']:.0f}/s; median and range over rounds"
+    )
+    save_figure(fig, path)
+
+
+def main() -> None:
+    started = time.perf_counter()
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="smoke run: 1 round, short steps")
+    args = parser.parse_args()
+    from gnnserve.demo import free_port, start_server, stop_server, wait_ready
+
+    rounds, step_s = (1, 1.5) if args.quick else (5, 8.0)
+    with tempfile.TemporaryDirectory() as tmp:
+        store, ckpt, n = prepare(Path(tmp))
+        port = free_port()
+        proc = start_server(store, ckpt, port, "--fanouts", "25,10", "--torch-threads", "1")
+        ctx = get_context("spawn")
+        try:
+            with ProcessPoolExecutor(1, mp_context=ctx) as pool:
+                base = f"http://127.0.0.1:{port}"
+                wait_ready(base, proc)
+                print(f"server ready after {time.perf_counter() - started:.0f} s", flush=True)
+                exp = Experiment(f"{base}/v1/predict", n, pool, step_s)
+                if not args.quick:
+                    exp.run(UNLOADED_RPS, 3.0)  # the service-time model, the connection pool
+                result = measure(exp, args.quick, rounds)
+        finally:
+            stop_server(proc)
+    summary = stats(result)
+    out = write_results(
+        result_name("overload", args.quick),
+        {
+            "quick": args.quick,
+            "nodes_per_request": NODES,
+            "step_s": step_s,
+            "load_generator": "separate process (aiohttp, open-loop Poisson), same 2 cores",
+            **result,
+            "summary": summary,
+            "wall_s": time.perf_counter() - started,
+        },
+    )
+    plot(result, summary, out.with_suffix(".png"))
+    u = result["unloaded"]["admitted_p99_ms"]
+    print(
+        f"unloaded p99 {u:.1f} ms, deadline {result['deadline_ms']} ms, capacity "
+        f"{result['capacity_rps']:.0f}/s"
+    )
+    for name, s in summary.items():
+        print(
+            f"{name}: admitted p99 {fmt_range(s['admitted_p99_ms'], '.1f', ' ms')}, 429 p50 "
+            f"{fmt_range(s['shed_p50_ms'], '.1f', ' ms')} p99 "
+            f"{fmt_range(s['shed_p99_ms'], '.1f', ' ms')}, 504s "
+            f"{fmt_range(s['deadline_exceeded'], '.0f')}, goodput/capacity "
+            f"{fmt_range(s['goodput_vs_capacity'], '.2f')}"
+        )
+    print(f"wrote {out} and {out.with_suffix('.png')} in {time.perf_counter() - started:.0f} s")
+    three = summary["3x"]
+    targets = Targets()
+    targets.check(
+        "overload_3x_admitted_p99_vs_unloaded",
+        three["admitted_p99_ms"]["median"] / u,
+        2.0,
+        higher_is_better=False,
+    )
+    targets.check(
+        "overload_3x_429_p99_ms", three["shed_p99_ms"]["median"], 50.0, higher_is_better=False
+    )
+    targets.check("overload_3x_goodput_vs_capacity", three["goodput_vs_capacity"]["median"], 0.9)
+    targets.print()
+
+
+if __name__ == "__main__":
+    main()
