@@ -15,9 +15,11 @@ import torch
 
 from gnnserve.errors import StoreFormatError
 from gnnserve.graph import open_graph_store
+from gnnserve.models import checkpoint
 from gnnserve.models.checkpoint import CONFIG, WEIGHTS, load_checkpoint, save_checkpoint
 from gnnserve.models.zoo import GNN, ModelConfig
 from gnnserve.sampling import NeighborSampler
+from tests.data.test_integrity import serve_processes
 
 
 def _config(arch: str = "sage", hidden: int = 16) -> ModelConfig:
@@ -159,5 +161,64 @@ def test_bad_config_fields(tmp_path: Path, change: dict, message: str) -> None:
     doc = json.loads((ckpt / CONFIG).read_text())
     doc.update(change)
     (ckpt / CONFIG).write_text(json.dumps(doc))
+    with pytest.raises(StoreFormatError, match=message):
+        load_checkpoint(ckpt)
+
+
+def _edit_model_config(ckpt: Path, **changes: object) -> None:
+    """Change config.json's model fields, keeping weights.pt and its recorded sha256."""
+    doc = json.loads((ckpt / CONFIG).read_text())
+    doc["model"].update(changes)
+    (ckpt / CONFIG).write_text(json.dumps(doc))
+
+
+ABSURD = [
+    ({"hidden_dim": 10**9}, r"hidden_dim must be an int in \[1, 1048576\], got 1000000000"),
+    ({"num_layers": 10**6}, r"num_layers must be an int in \[1, 16\], got 1000000"),
+    ({"heads": 10**6}, r"heads must be an int in \[1, 64\]"),
+]
+
+
+@pytest.mark.timeout(120)  # the old code built 10^6 layers for ever
+@pytest.mark.parametrize("change, message", ABSURD)
+def test_absurd_model_config_is_refused(tmp_path: Path, change: dict, message: str) -> None:
+    ckpt, _ = _saved(tmp_path)
+    _edit_model_config(ckpt, **change)
+    with pytest.raises(StoreFormatError, match=message) as err:
+        load_checkpoint(ckpt)
+    assert err.value.field == "model_path"
+
+
+@pytest.mark.slow
+def test_serve_exits_2_on_an_absurd_model_config(small_store: Path, tmp_path: Path) -> None:
+    """Real `gnnserve serve` processes; the old code died of a traceback (hidden_dim) or hung
+    building a million layers (num_layers)."""
+    runs = {}
+    for name, change in (("hidden", ABSURD[0][0]), ("layers", ABSURD[1][0])):
+        ckpt, _ = _saved(tmp_path / name)
+        _edit_model_config(ckpt, **change)
+        runs[name] = (small_store, ckpt)
+    results = serve_processes(runs)
+    for (name, (code, err)), (_, message) in zip(results.items(), ABSURD, strict=False):
+        assert code == 2, (name, code, err[-2000:])
+        assert re.search(r"^error: .*config\.json: bad model config: " + message, err, re.M), err
+        assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("hidden, message", [(1 << 16, "can hold"), (8, "does not match")])
+def test_config_not_matching_the_weights_is_refused_before_building_the_model(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, hidden: int, message: str
+) -> None:
+    """More parameters than weights.pt has bytes: refused by size; fewer: by shape (on the meta
+    device). Either way the model itself is never built (GNN would allocate 2^16-wide layers)."""
+    ckpt, _ = _saved(tmp_path)  # hidden_dim 16
+    _edit_model_config(ckpt, hidden_dim=hidden)
+    need = ModelConfig("sage", 16, hidden, 4).num_parameters()
+    assert (need > (ckpt / WEIGHTS).stat().st_size) == (message == "can hold")
+
+    def built(*args: object) -> None:
+        raise AssertionError("the model was built")
+
+    monkeypatch.setattr(checkpoint, "GNN", built)
     with pytest.raises(StoreFormatError, match=message):
         load_checkpoint(ckpt)

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+from gnnserve.cli import main
 from gnnserve.data.generators import sbm
 from gnnserve.data.writer import GraphData, write_store
 from gnnserve.errors import InvalidInputError
@@ -114,3 +116,25 @@ def test_store_without_labels_is_refused(tmp_path: Path) -> None:
     write_store(GraphData("plain", 50, ei, rng.standard_normal((50, 16))), tmp_path / "s")
     with pytest.raises(InvalidInputError, match="no labels"):
         train(tmp_path / "s", _config("sage"), 1, [2, 2], 16, 0.01, 0, tmp_path / "c", False)
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--hidden", "1000000000"], r"--hidden: hidden_dim must be an int in \[1, 1048576\]"),
+        (["--layers", "1000000"], r"--layers: num_layers must be an int in \[1, 16\]"),
+        (["--heads", "100", "--arch", "gat"], r"--heads: heads must be an int in \[1, 64\]"),
+        (["--dropout", "1.5"], r"--dropout: dropout must be in \[0, 1\)"),
+        (
+            ["--hidden", "1048576", "--layers", "3", "--fanouts", "2,2,2"],
+            r"--hidden: .* more than the limit",
+        ),
+    ],
+)
+def test_cli_flags_hit_the_model_bounds(
+    sbm_store: Path, tmp_path: Path, capsys, flags: list[str], message: str
+) -> None:
+    argv = ["train", "--store", str(sbm_store), "--out", str(tmp_path / "c"), "--epochs", "1"]
+    assert main([*argv, "--no-progress", *flags]) == 2
+    assert re.search(r"^error: " + message, capsys.readouterr().err, re.M)
+    assert not (tmp_path / "c").exists()

@@ -206,3 +206,37 @@ def test_forward_blocks_rejects_mismatched_blocks() -> None:
         model.forward_blocks(torch.zeros(3, 4), [block], torch.zeros(3))
     with pytest.raises(InvalidInputError, match="x must be"):
         model.forward_blocks(torch.zeros(3, 5), [block, block], torch.zeros(3))
+
+
+@pytest.mark.parametrize(
+    "change, field, limit",
+    [
+        ({"in_dim": 10**9}, "in_dim", "1048576"),
+        ({"hidden_dim": 10**9}, "hidden_dim", "1048576"),
+        ({"out_dim": (1 << 20) + 1}, "out_dim", "1048576"),
+        ({"num_layers": 10**6}, "num_layers", "16"),
+        ({"num_layers": 17}, "num_layers", "16"),
+        ({"heads": 65}, "heads", "64"),
+        ({"dropout": "0.5"}, "dropout", "number"),
+        ({"dropout": float("nan")}, "dropout", r"\[0, 1\)"),
+        ({"arch": ["gcn"]}, "arch", "unknown architecture"),
+        # every field in bounds, yet 2^40 parameters: over the 2^31 model limit
+        ({"hidden_dim": 1 << 20, "num_layers": 3}, "hidden_dim", "2,147,483,648"),
+    ],
+)
+def test_config_fields_are_bounded(change: dict, field: str, limit: str) -> None:
+    base = ModelConfig("gat", in_dim=8, hidden_dim=64, out_dim=3, num_layers=2, heads=4)
+    with pytest.raises(InvalidInputError, match=limit) as err:
+        ModelConfig.from_dict({**base.to_dict(), **change})
+    assert err.value.field == field
+
+
+def test_limits_themselves_are_accepted() -> None:
+    ModelConfig("gat", in_dim=8, hidden_dim=64, out_dim=3, num_layers=16, heads=64, dropout=0.0)
+    ModelConfig("gcn", in_dim=1 << 20, hidden_dim=8, out_dim=1 << 20, num_layers=2)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_num_parameters_counts_the_built_model(arch: str) -> None:
+    cfg = ModelConfig(arch, in_dim=12, hidden_dim=24, out_dim=5, num_layers=3, heads=4)
+    assert cfg.num_parameters() == sum(p.numel() for p in GNN(cfg).parameters())

@@ -38,7 +38,12 @@ class FeatureStore(abc.ABC):
 FEATURE_STORES: Registry[FeatureStore] = Registry("feature_store")
 
 
-def open_feature_store(store_dir: str | Path, backend: str = "memory") -> FeatureStore:
-    """Open the features of ``store_dir`` with the backend registered as ``backend``."""
+def open_feature_store(
+    store_dir: str | Path, backend: str = "memory", check_structure: bool = True
+) -> FeatureStore:
+    """Open the features of ``store_dir`` with the backend registered as ``backend``.
+
+    ``check_structure``: scan the table for NaN and inf first (see ``data.integrity``).
+    """
     meta = layout.read_meta(store_dir)
-    return FEATURE_STORES.create(backend, store_dir, meta)
+    return FEATURE_STORES.create(backend, store_dir, meta, check_structure=check_structure)

@@ -8,7 +8,7 @@ import numba
 import numpy as np
 import torch
 
-from gnnserve.data import layout
+from gnnserve.data import integrity, layout
 from gnnserve.features.base import FEATURE_STORES, FeatureStore
 
 _PARALLEL_ROWS = 8192  # below this a serial gather beats thread start-up (2 cores)
@@ -48,15 +48,24 @@ def gather_rows(table: np.ndarray, ids: np.ndarray) -> torch.Tensor:
 
 
 class _FileFeatures(FeatureStore):
-    """Features from the store's ``features.bin``; ``use_mmap`` keeps them on disk."""
+    """Features from the store's ``features.bin``; ``use_mmap`` keeps them on disk.
+
+    ``check_structure`` (default on) scans the table at open for NaN and inf
+    (:func:`gnnserve.data.integrity.check_finite`); off trusts a verified store.
+    """
 
     use_mmap = False
 
-    def __init__(self, store_dir: str | Path, meta: layout.StoreMeta) -> None:
+    def __init__(
+        self, store_dir: str | Path, meta: layout.StoreMeta, check_structure: bool = True
+    ) -> None:
+        integrity.check_meta(store_dir, meta)
         shape = (meta.num_nodes, meta.feature_dim)
         table = layout.open_array(
             store_dir, layout.FEATURES, meta.feature_dtype, shape, self.use_mmap
         )
+        if check_structure:
+            integrity.check_finite(store_dir, table)
         self.table = table
         self._n, self._dim = shape
 

@@ -101,7 +101,12 @@ class GraphStore(abc.ABC):
 GRAPH_STORES: Registry[GraphStore] = Registry("graph_store")
 
 
-def open_graph_store(store_dir: str | Path, backend: str = "memory") -> GraphStore:
-    """Open the graph of ``store_dir`` with the backend registered as ``backend``."""
+def open_graph_store(
+    store_dir: str | Path, backend: str = "memory", check_structure: bool = True
+) -> GraphStore:
+    """Open the graph of ``store_dir`` with the backend registered as ``backend``.
+
+    ``check_structure``: scan the CSR for out-of-range entries first (see ``data.integrity``).
+    """
     meta = layout.read_meta(store_dir)
-    return GRAPH_STORES.create(backend, store_dir, meta)
+    return GRAPH_STORES.create(backend, store_dir, meta, check_structure=check_structure)

@@ -6,22 +6,31 @@ from pathlib import Path
 
 import numpy as np
 
-from gnnserve.data import layout
+from gnnserve.data import integrity, layout
 from gnnserve.graph.base import GRAPH_STORES, GraphStore
 
 
 class _FileCSR(GraphStore):
-    """CSR read from a store directory; ``mmap`` decides whether pages stay on disk."""
+    """CSR read from a store directory; ``mmap`` decides whether pages stay on disk.
+
+    ``check_structure`` (default on) scans the arrays at open for the CSR invariants the numba
+    kernels rely on (:func:`gnnserve.data.integrity.check_csr`); off trusts a verified store.
+    """
 
     use_mmap = False
 
-    def __init__(self, store_dir: str | Path, meta: layout.StoreMeta) -> None:
+    def __init__(
+        self, store_dir: str | Path, meta: layout.StoreMeta, check_structure: bool = True
+    ) -> None:
         super().__init__(meta)
+        integrity.check_meta(store_dir, meta)
         n, e = meta.num_nodes, meta.num_edges
         self._indptr = layout.open_array(store_dir, layout.INDPTR, "int64", (n + 1,), self.use_mmap)
         self._indices = layout.open_array(
             store_dir, layout.INDICES, meta.indices_dtype, (e,), self.use_mmap
         )
+        if check_structure:
+            integrity.check_csr(store_dir, self._indptr, self._indices, n)
         self._row_start = self._indptr[:-1]
         self._degree = np.diff(self._indptr)
         self._degree.setflags(write=False)

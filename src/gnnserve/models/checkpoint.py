@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 import torch
 
 from gnnserve.errors import GnnServeError, StoreFormatError
-from gnnserve.models.zoo import GNN, ModelConfig
+from gnnserve.models.zoo import GNN, ModelConfig, skeleton
 
 CONFIG = "config.json"
 WEIGHTS = "weights.pt"
@@ -132,6 +132,21 @@ def _load_state(path: Path, expected_sha: str) -> tuple[dict[str, torch.Tensor],
     return state, sha
 
 
+def _check_size(config: ModelConfig, path: Path) -> None:
+    """Refuse a config implying more parameters than ``path`` has bytes (>= 1 byte per element),
+    before the model is built: a tampered config.json must not allocate beyond the weights."""
+    if not path.is_file():
+        raise StoreFormatError(f"checkpoint weights missing: {path}", _FIELD)
+    need, size = config.num_parameters(), path.stat().st_size
+    if need > size:
+        raise StoreFormatError(
+            f"{path.parent / CONFIG} describes a model of {need:,} parameters (hidden_dim "
+            f"{config.hidden_dim}, num_layers {config.num_layers}), more than {path.name} "
+            f"({size:,} bytes) can hold",
+            _FIELD,
+        )
+
+
 def _check_state(model: GNN, state: dict[str, torch.Tensor], path: Path) -> None:
     want = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     got = {k: tuple(v.shape) for k, v in state.items()}
@@ -156,9 +171,10 @@ def load_checkpoint(directory: str | Path) -> Checkpoint:
     if not root.is_dir():
         raise StoreFormatError(f"checkpoint directory not found: {root}", _FIELD)
     config, meta, expected_sha = _read_config(root)
+    _check_size(config, root / WEIGHTS)
     state, sha = _load_state(root / WEIGHTS, expected_sha)
+    _check_state(skeleton(config), state, root / WEIGHTS)  # shapes first, allocation after
     model = GNN(config)
-    _check_state(model, state, root / WEIGHTS)
     model.load_state_dict(state, strict=True)
     model.eval()
     name = str(meta.get("name") or root.resolve().name)

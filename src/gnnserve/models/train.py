@@ -295,18 +295,32 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
+# ModelConfig field -> the `gnnserve train` flag that sets it (the others come from the store)
+_FLAGS = {
+    "hidden_dim": "--hidden",
+    "num_layers": "--layers",
+    "heads": "--heads",
+    "dropout": "--dropout",
+    "arch": "--arch",
+}
+
+
 def run(args: argparse.Namespace) -> int:
     """``gnnserve train``: train, write the checkpoint, print the report as JSON; exit code."""
     meta = layout.read_meta(args.store)
-    config = ModelConfig(
-        arch=args.arch,
-        in_dim=meta.feature_dim,
-        hidden_dim=args.hidden,
-        out_dim=max(meta.num_classes, 1),
-        num_layers=args.layers,
-        heads=args.heads,
-        dropout=args.dropout,
-    )
+    try:
+        config = ModelConfig(
+            arch=args.arch,
+            in_dim=meta.feature_dim,
+            hidden_dim=args.hidden,
+            out_dim=max(meta.num_classes, 1),
+            num_layers=args.layers,
+            heads=args.heads,
+            dropout=args.dropout,
+        )
+    except InvalidInputError as exc:  # name the flag: ModelConfig's bounds apply to it
+        flag = _FLAGS.get(exc.field or "", "--store")
+        raise InvalidInputError(f"{flag}: {exc.message}", exc.field) from None
     report = train(
         args.store,
         config,

@@ -8,6 +8,7 @@ full-graph result on the seeds.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
 from typing import Any
@@ -26,34 +27,66 @@ from gnnserve.types import Block
 MODELS: Registry[torch.nn.Module] = Registry("model")
 
 
+# Bounds of every ModelConfig field; checkpoints and `gnnserve train` flags beyond them are refused
+# before anything is allocated (a config.json with hidden_dim 10^9 or num_layers 10^6 would
+# otherwise allocate terabytes or build layers for hours).
+MAX_DIM = 1 << 20  # in_dim, hidden_dim, out_dim
+MAX_LAYERS = 16  # num_layers (= sampled hops; the fanouts product explodes long before)
+MAX_HEADS = 64  # GAT heads
+MAX_PARAMETERS = 1 << 31  # parameters of the whole model (8 GiB of float32)
+_BOUNDS = {
+    "in_dim": MAX_DIM,
+    "hidden_dim": MAX_DIM,
+    "out_dim": MAX_DIM,
+    "num_layers": MAX_LAYERS,
+    "heads": MAX_HEADS,
+}
+
+
 @dataclass(frozen=True)
 class ModelConfig:
-    """Architecture and sizes of a GNN; validated on construction."""
+    """Architecture and sizes of a GNN; validated on construction (bounds: ``MAX_*`` above)."""
 
     arch: str  # MODELS name: "gcn" | "sage" | "gat"
-    in_dim: int  # input feature width F
+    in_dim: int  # input feature width F, 1..MAX_DIM
     hidden_dim: int  # width of every hidden representation (GAT: heads * per-head width)
-    out_dim: int  # number of classes C (logit width)
-    num_layers: int = 2  # message-passing layers = sampled hops
-    heads: int = 4  # GAT attention heads of the hidden layers (the last layer uses 1)
-    dropout: float = 0.5  # feature dropout probability before every layer, training only
+    out_dim: int  # number of classes C (logit width), 1..MAX_DIM
+    num_layers: int = 2  # message-passing layers = sampled hops, 1..MAX_LAYERS
+    heads: int = 4  # GAT attention heads of the hidden layers (the last layer uses 1), 1..64
+    dropout: float = 0.5  # feature dropout probability before every layer, training only, [0, 1)
 
     def __post_init__(self) -> None:
-        if self.arch not in MODELS.names():
+        if not isinstance(self.arch, str) or self.arch not in MODELS.names():
             raise InvalidInputError(
                 f"unknown architecture {self.arch!r}; choose one of {MODELS.names()}", "arch"
             )
-        for name in ("in_dim", "hidden_dim", "out_dim", "num_layers", "heads"):
+        for name, limit in _BOUNDS.items():
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise InvalidInputError(f"{name} must be a positive int, got {value!r}", name)
-        if not 0.0 <= float(self.dropout) < 1.0:
-            raise InvalidInputError(f"dropout must be in [0, 1), got {self.dropout!r}", "dropout")
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= limit:
+                raise InvalidInputError(
+                    f"{name} must be an int in [1, {limit}], got {value!r}", name
+                )
+        dropout = self.dropout
+        if isinstance(dropout, bool) or not isinstance(dropout, int | float):
+            raise InvalidInputError(f"dropout must be a number, got {dropout!r}", "dropout")
+        if not 0.0 <= float(dropout) < 1.0:
+            raise InvalidInputError(f"dropout must be in [0, 1), got {dropout!r}", "dropout")
         if self.arch == "gat" and self.hidden_dim % self.heads:
             raise InvalidInputError(
                 f"GAT hidden_dim {self.hidden_dim} must be a multiple of heads {self.heads}",
                 "hidden_dim",
             )
+        if self.num_parameters() > MAX_PARAMETERS:
+            raise InvalidInputError(
+                f"this config has {self.num_parameters():,} parameters, more than the limit "
+                f"{MAX_PARAMETERS:,} (in_dim {self.in_dim}, hidden_dim {self.hidden_dim}, "
+                f"out_dim {self.out_dim}, num_layers {self.num_layers})",
+                "hidden_dim",
+            )
+
+    def num_parameters(self) -> int:
+        """Number of parameters (elements) of ``GNN(self)``, counted without allocating them."""
+        return sum(p.numel() for p in skeleton(self).parameters())
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-able dict."""
@@ -269,3 +302,10 @@ class GNN(torch.nn.Module):
         for prev, nxt in zip(blocks[:-1], blocks[1:], strict=True):
             if prev.n_dst != nxt.n_src:
                 raise InvalidInputError("block n_dst must equal the next block's n_src", "blocks")
+
+
+@functools.lru_cache(maxsize=64)
+def skeleton(config: ModelConfig) -> GNN:
+    """``GNN(config)`` on the meta device: parameter shapes, no storage. Shared: do not modify."""
+    with torch.device("meta"):
+        return GNN(config)
