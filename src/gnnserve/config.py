@@ -22,6 +22,9 @@ class StoreConfig(_Strict):
     graph_backend: str = "memory"  # GRAPH_STORES name: memory | mmap
     feature_backend: str = "memory"  # FEATURE_STORES name: memory | mmap
     verify_checksum: bool = False  # recompute the content checksum at start-up (slow on big stores)
+    # scan the CSR (row pointers monotone from 0 to E, ids < N) and features (finite) at start-up:
+    # seconds per 10^8 edges; off only for a store already checked (data/integrity.py)
+    check_structure: bool = True
     update_log: str = ""  # append-only log of graph updates; set = mutable store, replayed at start
     fsync: Literal["always", "never"] = "always"  # log durability: power loss | process crash
 

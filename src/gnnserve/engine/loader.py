@@ -41,8 +41,9 @@ def build_engine(config: ServeConfig) -> Engine:
         raise InvalidInputError("no model checkpoint given (--model DIR)", "model_path")
     if config.store.verify_checksum:
         verify_checksum(config.store.path)
-    graph = open_graph_store(config.store.path, config.store.graph_backend)
-    features = open_feature_store(config.store.path, config.store.feature_backend)
+    check = config.store.check_structure
+    graph = open_graph_store(config.store.path, config.store.graph_backend, check)
+    features = open_feature_store(config.store.path, config.store.feature_backend, check)
     ckpt = load_checkpoint(config.model_path)
     if ckpt.config.in_dim != features.dim:
         raise InvalidInputError(
