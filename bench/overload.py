@@ -14,7 +14,7 @@ first). The load generator runs in a separate process (no torch in it), on the s
 4. rounds of open-loop load at 1x, 2x and 3x that capacity (arms interleaved, A B C C B A):
    admitted p50/p99, 429 p50/p99 (client-side latency from the scheduled send time), 504s,
    goodput (200 within the deadline, per second) against capacity. Published: the median over
-   rounds with its range.
+   rounds with its range. No round starts that would end past 540 s.
 
     python bench/overload.py            # full run (< 10 min): results/overload.json and .png
     python bench/overload.py --quick    # smoke run (< 1 min): results/overload_quick.json
@@ -55,6 +55,7 @@ UNLOADED_RPS = 20.0
 START_RPS = 50.0
 GOOD_FRACTION = 0.99  # share answered 200 within the deadline for a rate to be sustainable
 FACTORS = (1, 2, 3)
+WALL_BUDGET_S = 540.0  # no overload round starts that would end later (full run < 10 min)
 HEADER = "X-Timeout-Ms"
 
 
@@ -180,8 +181,11 @@ def prepare(workdir: Path) -> tuple[Path, Path, int]:
 class Experiment:
     """One server, one load-generator process, and the measurements taken against them."""
 
-    def __init__(self, url: str, num_nodes: int, pool: ProcessPoolExecutor, step_s: float):
+    def __init__(
+        self, url: str, num_nodes: int, pool: ProcessPoolExecutor, step_s: float, started: float
+    ) -> None:
         self.url, self.num_nodes, self.pool, self.step_s = url, num_nodes, pool, step_s
+        self.started = started  # perf_counter() when the benchmark started
         self.timeout_ms: float | None = None
         self.seed = 0
 
@@ -217,13 +221,20 @@ def measure(exp: Experiment, quick: bool, rounds: int) -> dict[str, Any]:
 
         return go
 
-    interleaved_rounds({f"{f}x": arm(f) for f in FACTORS}, rounds)
+    first = time.perf_counter()
+
+    def keep_going(done: int) -> bool:  # no round that would end past the wall-clock budget
+        per_round = (time.perf_counter() - first) / done
+        return time.perf_counter() + per_round - exp.started <= WALL_BUDGET_S
+
+    interleaved_rounds({f"{f}x": arm(f) for f in FACTORS}, rounds, keep_going=keep_going)
     return {
         "unloaded": unloaded,
         "deadline_ms": exp.timeout_ms,
         "capacity_rps": capacity,
         "capacity_probes": cap.probes,
         "runs": rows,
+        "rounds_completed": min(len(r) for r in rows.values()),
     }
 
 
@@ -296,7 +307,7 @@ def main() -> None:
                 base = f"http://127.0.0.1:{port}"
                 wait_ready(base, proc)
                 print(f"server ready after {time.perf_counter() - started:.0f} s", flush=True)
-                exp = Experiment(f"{base}/v1/predict", n, pool, step_s)
+                exp = Experiment(f"{base}/v1/predict", n, pool, step_s, started)
                 if not args.quick:
                     exp.run(UNLOADED_RPS, 3.0)  # the service-time model, the connection pool
                 result = measure(exp, args.quick, rounds)

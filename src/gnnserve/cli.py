@@ -34,7 +34,7 @@ def _serve_arguments(p: argparse.ArgumentParser) -> None:
         "--max-queue-delay-ms",
         type=float,
         default=None,
-        help="429 when the work ahead of a request is predicted to take longer (default 100)",
+        help="429 when the work ahead of a request is predicted to take longer (default 200)",
     )
     p.add_argument("--timeout-s", type=float, default=None, help="request deadline (default 30)")
     p.add_argument("--max-nodes", type=int, default=None, help="nodes per request before 413")

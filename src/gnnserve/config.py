@@ -76,7 +76,7 @@ class AdmissionConfig(_Strict):
     max_nodes_per_request: int = Field(4096, ge=1)  # larger requests get 413
     timeout_s: float = Field(30.0, gt=0)  # queue deadline per request
     # predicted queueing delay beyond which a request gets 429; None = no delay-based shedding
-    max_queue_delay_ms: float | None = Field(100.0, gt=0)
+    max_queue_delay_ms: float | None = Field(200.0, gt=0)
     # half-life, in completed batches, of a batch's weight in the service-time model
     service_halflife: float = Field(16.0, gt=0)
 

@@ -128,7 +128,7 @@ def _infer(
         ("sage", _infer([1, 2], [3]), 400, "inputs"),
         ("sage", _infer([1], [1], "FP32"), 400, "inputs"),
         ("sage", _infer([1], [1], name="x"), 400, "inputs"),
-        ("sage", _infer([5000], [1]), 400, "nodes"),
+        ("sage", _infer([5000], [1]), 400, "node_ids"),
         ("sage", _infer([1], [1], outputs=["logits"]), 400, "outputs"),
         ("sage", _infer([1], [1], outputs=["label", "label"]), 400, "outputs"),
         ("sage", {"inputs": []}, 400, "inputs"),

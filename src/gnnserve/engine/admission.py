@@ -2,8 +2,8 @@
 
 A request is refused with 429 (OverloadedError) when ``max_queue_requests`` are in flight, when
 the work admitted ahead of it is predicted to take longer than ``max_queue_delay_ms``, or when
-its answer is predicted to come after its deadline (see :mod:`gnnserve.engine.delay`; the
-predictions include a margin calibrated on the actual latencies of admitted requests). An
+its answer is predicted to come after its deadline (see :mod:`gnnserve.engine.delay`; that
+prediction includes a margin calibrated on the actual latencies of admitted requests). An
 engine with nothing queued or in flight admits whatever the prediction. The deadline is
 ``timeout_s`` after admission, or earlier when the caller set one: the HTTP layer sets it from
 the ``X-Timeout-Ms`` header through :data:`REQUEST`, Python callers with
@@ -198,17 +198,15 @@ class Admission:
         and the raw prediction it was judged on (None while the model is not ready).
 
         Refused when the predicted queueing delay exceeds ``max_queue_delay_ms`` or the
-        predicted answer comes after ``deadline``; each prediction plus the backlog's
-        calibration margin, at most half the time it is judged against. Never refused while
-        ``backlog`` is idle.
+        predicted answer, plus the backlog's calibration margin (at most half the time left),
+        comes after ``deadline``. Never refused while ``backlog`` is idle.
         """
         predicted = backlog.predict(units, now)
         if predicted is None or backlog.idle:
             return None, predicted
-        margin = backlog.calibration.margin_s
         budget = self.config.max_queue_delay_ms
         if budget is not None:
-            wait_ms = (predicted.wait_s + min(margin, budget / 2e3)) * 1e3
+            wait_ms = predicted.wait_s * 1e3
             if wait_ms > budget:
                 return (
                     f"predicted queueing delay {wait_ms:.0f} ms exceeds the budget of "
@@ -217,7 +215,7 @@ class Admission:
                 )
         if deadline is not None:
             remaining = deadline - now
-            latency = predicted.latency_s + min(margin, remaining / 2)
+            latency = predicted.latency_s + min(backlog.calibration.margin_s, remaining / 2)
             if latency > remaining:
                 return (
                     f"answer predicted in {latency * 1e3:.0f} ms, after the request's deadline "

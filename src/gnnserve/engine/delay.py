@@ -110,8 +110,8 @@ class Calibration:
     admitting requests right up to their deadline would miss a p99 goal. The margin is the
     ``quantile`` of (actual - predicted latency) over the last ``window`` admitted requests,
     recomputed every ``every`` observations, never below 0 (0 until ``every`` were seen).
-    Admission caps it at half the time it judges against (see ``Admission.refusal``): stalls
-    it cannot prevent must not refuse every request.
+    Admission adds it to the predicted answer time, at most half the time left before the
+    deadline (see ``Admission.refusal``): stalls it cannot prevent must not refuse every request.
     """
 
     def __init__(self, quantile: float = 0.99, window: int = 256, every: int = 16) -> None:

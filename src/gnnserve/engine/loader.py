@@ -88,12 +88,21 @@ def load_embeddings(
         pes = open_embeddings(cfg.path, cfg.backend)
         check_embeddings(pes, model_version, graph)
         return pes, None
+    # the errors below are answered to HTTP clients: the paths go to the log, not to them
     default = default_embeddings_dir(config.store.path, config.model_path)
     if not default.exists():
+        log.info(
+            "new-node requests will be refused: no precomputed embeddings; run `gnnserve "
+            "precompute --store %s --model %s` (writes %s) and restart, or serve with "
+            "--embeddings DIR",
+            config.store.path,
+            config.model_path,
+            default,
+        )
         return None, MissingEmbeddingsError(
-            f"new-node requests need precomputed embeddings: run `gnnserve precompute --store "
-            f"{config.store.path} --model {config.model_path}` (writes {default}) and restart, "
-            "or serve with --embeddings DIR",
+            "new-node requests need precomputed embeddings, and this server has none for its "
+            "model: run `gnnserve precompute` for it and restart the server (the server log "
+            "has the command)",
             "new_nodes",
         )
     try:
@@ -104,7 +113,10 @@ def load_embeddings(
         return None, exc
     except StoreFormatError as exc:
         log.warning("new-node requests will be refused: %s", exc.message)
-        message = f"{exc.message}; run `gnnserve precompute` again"
+        message = (
+            "the precomputed embeddings could not be read (the server log says why): run "
+            "`gnnserve precompute` again"
+        )
         return None, MissingEmbeddingsError(message, "new_nodes")
     log.info("new-node requests use the precomputed embeddings in %s", default)
     return pes, None

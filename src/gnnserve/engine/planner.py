@@ -50,12 +50,8 @@ class Planner:
         self._lock = threading.Lock()
 
     def check(self, fanouts: object) -> Fanouts:
-        """Validated fanouts as a tuple: one positive int or -1 per model layer."""
-        if not isinstance(fanouts, (list, tuple)) or any(
-            isinstance(f, bool) or not isinstance(f, int) for f in fanouts
-        ):
-            raise InvalidInputError("fanouts must be a list of integers", "fanouts")
-        checked = tuple(check_fanouts(list(fanouts)))
+        """Validated fanouts as a tuple: one int in 1..MAX_FANOUT or -1 per model layer."""
+        checked = tuple(check_fanouts(fanouts))
         if len(checked) != self.num_layers:
             raise InvalidInputError(
                 f"fanouts has {len(checked)} hops, the model has {self.num_layers} layers",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import queue
 import threading
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -18,16 +19,38 @@ from gnnserve.types import Block, SampledSubgraph
 DEFAULT_PARALLEL_THRESHOLD = 65536
 
 
-def check_fanouts(fanouts: list[int]) -> list[int]:
-    """Validate fanouts: a non-empty list of ints, each > 0 or -1 (all neighbours)."""
-    if not fanouts:
+# Largest per-hop fanout accepted anywhere (config, requests, training). Above it a fanout only
+# means "every neighbour" on graphs whose degrees stay below it: ask for that with -1. The bound
+# keeps per-hop arithmetic (int64 edge counts, products of fanouts) far from overflow.
+MAX_FANOUT = 1_000_000
+
+
+def check_fanouts(fanouts: object) -> list[int]:
+    """Validated fanouts as a list of Python ints: one per hop, each in 1..MAX_FANOUT or -1.
+
+    Every path that takes fanouts (server config, /v1/predict, OIP parameters, new-node mode
+    ``ns``, samplers, training) checks them here. InvalidInputError naming ``fanouts`` otherwise.
+    """
+    if isinstance(fanouts, str | bytes) or not isinstance(fanouts, Sequence | np.ndarray):
+        raise InvalidInputError("fanouts must be a list of ints, one per hop", "fanouts")
+    if len(fanouts) == 0:
         raise InvalidInputError("fanouts must list at least one hop", "fanouts")
     out = []
     for f in fanouts:
-        if isinstance(f, bool) or int(f) != f or (f <= 0 and f != -1):
-            raise InvalidInputError(f"fanout {f!r} invalid: use a positive int or -1", "fanouts")
+        if isinstance(f, bool) or not isinstance(f, int | np.integer):
+            raise InvalidInputError(f"fanouts must be ints, got {_short(f)}", "fanouts")
+        if not (1 <= f <= MAX_FANOUT or f == -1):
+            raise InvalidInputError(
+                f"fanout {_short(f)} invalid: use an int in 1..{MAX_FANOUT} or -1 (all)",
+                "fanouts",
+            )
         out.append(int(f))
     return out
+
+
+def _short(value: object, limit: int = 32) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}..."
 
 
 def parse_fanouts(text: str | None, flag: str = "--fanouts") -> list[int] | None:
@@ -76,7 +99,8 @@ class NeighborSampler:
         self.parallel_threshold = int(parallel_threshold)
         self.cost = cost  # PSGS per node (sampling.metrics.psgs), or None: use a fanout bound
         self._fanout_array = np.asarray(self.fanouts, dtype=np.int64)
-        widths = np.cumprod([f if f > 0 else 1000 for f in self.fanouts])  # full hop: ~1000
+        # float: a product of large fanouts would wrap around in int64
+        widths = np.cumprod([float(f) if f > 0 else 1000.0 for f in self.fanouts])  # all: ~1000
         self._size_bound_per_seed = float(widths.sum())
         self._scratch: queue.SimpleQueue[np.ndarray] = queue.SimpleQueue()
         self._calls = 0

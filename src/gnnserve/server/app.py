@@ -10,7 +10,7 @@ import asyncio
 import dataclasses
 import gc
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -24,6 +24,8 @@ from gnnserve.engine.engine import Engine
 from gnnserve.engine.newnodes import NewNodePrediction
 from gnnserve.errors import GnnServeError, InvalidInputError, UnknownModelError
 from gnnserve.server import oip
+from gnnserve.server.auth import ApiKeys, RequireApiKey
+from gnnserve.server.limits import BodyLimit, JsonBodyRoute, default_body_limit, echo, error_json
 from gnnserve.server.metrics import ServerMetrics
 from gnnserve.server.schemas import (
     ErrorResponse,
@@ -36,22 +38,25 @@ from gnnserve.server.shedding import SheddingMiddleware
 from gnnserve.types import InferenceResult
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
-    code: {"model": ErrorResponse} for code in (400, 404, 409, 413, 429, 500, 503, 504)
+    code: {"model": ErrorResponse}
+    for code in (400, 401, 403, 404, 409, 413, 429, 500, 503, 504)
 }
 
 
 def error_response(exc: GnnServeError) -> JSONResponse:
     """JSON body ``{"error": {kind, message, field}}`` with the error's HTTP status."""
-    return JSONResponse(exc.to_json(), status_code=exc.http_status)
+    return JSONResponse(error_json(exc), status_code=exc.http_status)
 
 
 def _validation_error(exc: RequestValidationError) -> InvalidInputError:
     err = exc.errors()[0] if exc.errors() else {"loc": ("body",), "msg": "invalid body"}
-    loc = [str(p) for p in err.get("loc", ()) if p != "body"]
-    field = ".".join(loc) or "body"
+    # a location may hold a client's key (an unknown field): cut each part short
+    loc = [p if len(p) <= 64 else f"{p[:64]}..." for p in map(str, err.get("loc", ()))]
+    field = ".".join(p for p in loc if p != "body") or "body"
+    msg = str(err.get("msg"))[:300]
     if err.get("type") == "json_invalid":
-        return InvalidInputError(f"malformed JSON: {err.get('msg')}", "body")
-    return InvalidInputError(f"{field}: {err.get('msg')}", field)
+        return InvalidInputError(f"malformed JSON: {msg}", "body")
+    return InvalidInputError(f"{field}: {msg}", field)
 
 
 def result_json(model: str, result: InferenceResult) -> dict[str, Any]:
@@ -113,8 +118,33 @@ async def _predict(engine: Engine, body: PredictRequest) -> InferenceResult:
     )
 
 
-def create_app(engine: Engine, model_name: str = "default") -> FastAPI:
-    """Build the app serving ``engine`` as model ``model_name``; the engine starts with the app."""
+def _limit_and_guard(
+    app: FastAPI, engine: Engine, metrics: ServerMetrics, api_keys: ApiKeys | None
+) -> None:
+    """Body limit and off-loop body parsing for every route; API keys (outermost) when given."""
+    app.router.route_class = JsonBodyRoute  # the routes defined after this parse their bodies
+    limit = engine.config.server.max_body_bytes or default_body_limit(
+        engine.config.embeddings.max_new_nodes, engine.features.dim
+    )
+    app.state.max_body_bytes = limit
+    reject = metrics.errors.labels("payload_too_large").inc
+    app.add_middleware(BodyLimit, max_bytes=limit, on_reject=reject)
+    if api_keys is not None:
+        app.add_middleware(RequireApiKey, keys=api_keys, on_reject=_count(metrics))
+
+
+def _count(metrics: ServerMetrics) -> Callable[[str], None]:
+    return lambda kind: metrics.errors.labels(kind).inc()
+
+
+def create_app(
+    engine: Engine, model_name: str = "default", api_keys: ApiKeys | None = None
+) -> FastAPI:
+    """Build the app serving ``engine`` as model ``model_name``; the engine starts with the app.
+
+    ``api_keys``: require a bearer token on every endpoint but the health probes (server.auth).
+    Request bodies are limited to ``server.max_body_bytes`` (server.limits).
+    """
     metrics = ServerMetrics()
     engine.observers.append(metrics.observe_batch)
 
@@ -134,6 +164,7 @@ def create_app(engine: Engine, model_name: str = "default") -> FastAPI:
     app.state.metrics = metrics
     app.state.model_name = model_name
     app.add_middleware(SheddingMiddleware, engine=engine, metrics=metrics)  # 429 before body
+    _limit_and_guard(app, engine, metrics, api_keys)
 
     @app.exception_handler(GnnServeError)
     async def _ours(_: Request, exc: GnnServeError) -> JSONResponse:
@@ -166,7 +197,7 @@ def create_app(engine: Engine, model_name: str = "default") -> FastAPI:
         """Predict for existing nodes or new ones: labels, class probabilities or embeddings."""
         if body.model is not None and body.model != model_name:
             raise UnknownModelError(
-                f"unknown model {body.model!r}; serving {model_name!r}", "model"
+                f"unknown model {echo(body.model)}; serving {model_name!r}", "model"
             )
         start = time.perf_counter()
         result = await _predict(engine, body)

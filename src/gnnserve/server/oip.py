@@ -3,7 +3,8 @@
 Inference takes either the INT64 ``node_ids`` input (existing nodes) or new nodes:
 ``new_node_features`` (FP32 [m, F]), ``new_node_edges`` (INT64 [E, 2]: new node index, existing
 node id) and optionally ``new_node_new_edges`` (INT64 [E2, 2]); the request ``parameters`` may
-set ``mode``, ``gamma``, ``policy``, ``seed`` and ``fanouts`` of a new-node request.
+set ``mode``, ``gamma``, ``policy``, ``seed`` and ``fanouts`` of a new-node request, and
+``fanouts`` of a ``node_ids`` request (any other parameter is refused, 400 naming ``parameters``).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from fastapi.responses import JSONResponse
 from gnnserve.engine.engine import Engine
 from gnnserve.engine.newnodes import NewNodePrediction
 from gnnserve.errors import InvalidInputError, UnknownModelError
+from gnnserve.server.limits import echo
 from gnnserve.server.metrics import ServerMetrics
 from gnnserve.server.schemas import InferRequest, InferResponse, InferTensor
 from gnnserve.types import InferenceResult, OutputKind
@@ -29,6 +31,7 @@ EDGES_INPUT = "new_node_edges"
 NEW_EDGES_INPUT = "new_node_new_edges"
 NEW_NODE_INPUTS = (FEATURES_INPUT, EDGES_INPUT, NEW_EDGES_INPUT)
 NEW_NODE_PARAMETERS = ("mode", "gamma", "policy", "seed", "fanouts")
+NODE_IDS_PARAMETERS = ("fanouts",)  # per-hop fanouts of a node_ids request, as in /v1/predict
 # engine error fields -> the OIP input that carried the value
 _FIELDS = {
     "new_nodes.features": FEATURES_INPUT,
@@ -41,7 +44,7 @@ _DATATYPES = {OutputKind.LABEL: "INT64", OutputKind.PROBS: "FP32", OutputKind.EM
 
 def _check_model(name: str, served: str) -> None:
     if name != served:
-        raise UnknownModelError(f"unknown model {name!r}; serving {served!r}", "model_name")
+        raise UnknownModelError(f"unknown model {echo(name)}; serving {served!r}", "model_name")
 
 
 def _node_ids(body: InferRequest) -> list[int]:
@@ -51,14 +54,17 @@ def _node_ids(body: InferRequest) -> list[int]:
         raise InvalidInputError(f"exactly one input named {INPUT_NAME!r} is required", "inputs")
     t = tensors[0]
     if t.datatype != "INT64":
-        raise InvalidInputError(f"{INPUT_NAME} datatype must be INT64, got {t.datatype}", "inputs")
+        raise InvalidInputError(
+            f"{INPUT_NAME} datatype must be INT64, got {echo(t.datatype)}", "inputs"
+        )
     if len(t.shape) not in (1, 2) or (len(t.shape) == 2 and t.shape[1] != 1):
         raise InvalidInputError(
-            f"{INPUT_NAME} shape must be [n] or [n, 1], got {t.shape}", "inputs"
+            f"{INPUT_NAME} shape must be [n] or [n, 1], got {echo(t.shape)}", "inputs"
         )
     if t.shape[0] != len(t.data):
         raise InvalidInputError(
-            f"{INPUT_NAME} shape {t.shape} does not match {len(t.data)} data values", "inputs"
+            f"{INPUT_NAME} shape {echo(t.shape)} does not match {len(t.data)} data values",
+            "inputs",
         )
     return [int(v) for v in t.data]  # INT64 data is checked to be integers by the schema
 
@@ -66,13 +72,15 @@ def _node_ids(body: InferRequest) -> list[int]:
 def _matrix(t: InferTensor, datatype: str, width: int | None) -> np.ndarray:
     """The data of ``t`` as a [rows, width] array, after checking datatype and shape."""
     if t.datatype != datatype:
-        raise InvalidInputError(f"{t.name} datatype must be {datatype}, got {t.datatype}", t.name)
+        raise InvalidInputError(
+            f"{t.name} datatype must be {datatype}, got {echo(t.datatype)}", t.name
+        )
     if len(t.shape) != 2 or min(t.shape) < 0 or (width not in (None, t.shape[1])):
         want = f"[n, {width}]" if width is not None else "[n, F]"
-        raise InvalidInputError(f"{t.name} shape must be {want}, got {t.shape}", t.name)
+        raise InvalidInputError(f"{t.name} shape must be {want}, got {echo(t.shape)}", t.name)
     if t.shape[0] * t.shape[1] != len(t.data):
         raise InvalidInputError(
-            f"{t.name} shape {t.shape} does not match {len(t.data)} data values", t.name
+            f"{t.name} shape {echo(t.shape)} does not match {len(t.data)} data values", t.name
         )
     try:
         arr = np.asarray(t.data, dtype=np.float64 if datatype == "FP32" else np.int64)
@@ -110,17 +118,41 @@ def _new_node_inputs(body: InferRequest) -> dict[str, np.ndarray | None] | None:
     }
 
 
+async def _infer_node_ids(
+    engine: Engine, nodes: list[int], wanted: list[str], body: InferRequest
+) -> list[InferenceResult]:
+    """One engine run per wanted output; ``parameters`` may set ``fanouts`` (as /v1/predict)."""
+    params = body.parameters or {}
+    _check_parameters(params, NODE_IDS_PARAMETERS, f"an {INPUT_NAME!r} request")
+    try:
+        return list(
+            await asyncio.gather(
+                *(engine.apredict(nodes, w, params.get("fanouts")) for w in wanted)
+            )
+        )
+    except InvalidInputError as exc:
+        if exc.field == "nodes":  # the engine's name for the ids: the OIP input is node_ids
+            exc.field = INPUT_NAME
+        raise
+
+
+def _check_parameters(params: dict[str, object], allowed: tuple[str, ...], what: str) -> None:
+    """InvalidInputError naming ``parameters`` when ``params`` holds a name not in ``allowed``."""
+    unknown = sorted(set(params) - set(allowed))
+    if unknown:
+        shown = ", ".join(echo(name) for name in unknown[:4])
+        shown += ", ..." if len(unknown) > 4 else ""
+        raise InvalidInputError(
+            f"unknown parameters {shown}; {what} takes {list(allowed)}", "parameters"
+        )
+
+
 async def _infer_new_nodes(
     engine: Engine, inputs: dict[str, np.ndarray | None], wanted: list[str], body: InferRequest
 ) -> tuple[list[Any], dict[str, Any]]:
     """One engine run for every wanted output; (output values, response parameters)."""
     params = body.parameters or {}
-    unknown = sorted(set(params) - set(NEW_NODE_PARAMETERS))
-    if unknown:
-        raise InvalidInputError(
-            f"unknown parameters {unknown}; a new-node request takes {list(NEW_NODE_PARAMETERS)}",
-            "parameters",
-        )
+    _check_parameters(params, NEW_NODE_PARAMETERS, "a new-node request")
     try:
         result = await engine.apredict_new_nodes(
             inputs["features"],
@@ -224,16 +256,16 @@ def add_routes(
             raise InvalidInputError("outputs lists a name twice", "outputs")
         for w in wanted:
             if w not in _NAMES:
-                raise InvalidInputError(f"unknown output {w!r}; choose one of {_NAMES}", "outputs")
+                raise InvalidInputError(
+                    f"unknown output {echo(w)}; choose one of {_NAMES}", "outputs"
+                )
         answer: dict[str, Any] = {
             "model_name": name,
             "model_version": engine.runner.version,
             "id": body.id,
         }
         if new_nodes is None:
-            results: list[InferenceResult] = await asyncio.gather(
-                *(engine.apredict(nodes, w) for w in wanted)
-            )
+            results = await _infer_node_ids(engine, nodes, wanted, body)
             answer["outputs"] = [_tensor(w, r.values) for w, r in zip(wanted, results, strict=True)]
             endpoint = "infer"
         else:

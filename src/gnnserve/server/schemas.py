@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import (
     BaseModel,
@@ -14,7 +14,14 @@ from pydantic import (
     model_validator,
 )
 
+from gnnserve.server.limits import echo
+
 OutputName = Literal["label", "probs", "embedding"]
+
+T = TypeVar("T")
+# A list that stops at its first invalid item: a body of millions of bad values yields one error,
+# not millions (pydantic would spend seconds and GBs building them). The schema is unchanged.
+FailFast = Annotated[list[T], Field(fail_fast=True)]
 
 
 class NewNodesBody(BaseModel):
@@ -22,14 +29,14 @@ class NewNodesBody(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    features: list[list[StrictFloat]] = Field(
+    features: FailFast[FailFast[StrictFloat]] = Field(
         ..., description="[m, F] finite feature rows, F = the store's feature width"
     )
-    edges: list[list[StrictInt]] = Field(
+    edges: FailFast[FailFast[StrictInt]] = Field(
         default_factory=list,
         description="[E, 2] pairs (new node index, existing node id); undirected",
     )
-    new_edges: list[list[StrictInt]] | None = Field(
+    new_edges: FailFast[FailFast[StrictInt]] | None = Field(
         None, description="[E2, 2] pairs (new node index, new node index); undirected"
     )
 
@@ -39,13 +46,13 @@ class PredictRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    nodes: list[StrictInt] | None = Field(None, description="existing node ids to predict for")
+    nodes: FailFast[StrictInt] | None = Field(None, description="existing node ids to predict for")
     new_nodes: NewNodesBody | None = Field(
         None, description="new nodes to predict for (needs precomputed embeddings)"
     )
     output: StrictStr = Field("label", description="label | probs | embedding")
     model: StrictStr | None = Field(None, description="model name; defaults to the served one")
-    fanouts: list[StrictInt] | None = Field(
+    fanouts: FailFast[StrictInt] | None = Field(
         None,
         description="neighbours sampled per hop (nearest first, -1 = all); default: server's. "
         "With new_nodes: the fanouts of mode ns",
@@ -121,9 +128,9 @@ class InferTensor(BaseModel):
     """
 
     name: StrictStr
-    shape: list[StrictInt]
+    shape: FailFast[StrictInt]
     datatype: StrictStr
-    data: list[StrictInt | StrictFloat]
+    data: FailFast[StrictInt | StrictFloat]
     parameters: dict[str, object] | None = None
 
     @model_validator(mode="after")
@@ -132,7 +139,8 @@ class InferTensor(BaseModel):
             for i, value in enumerate(self.data):
                 if not isinstance(value, int):
                     raise ValueError(
-                        f"{self.name} is {self.datatype}: data[{i}] = {value!r} is not an integer"
+                        f"{echo(self.name)} is {echo(self.datatype)}: data[{i}] = {echo(value)} "
+                        "is not an integer"
                     )
         return self
 
@@ -148,7 +156,7 @@ class InferRequest(BaseModel):
     """OIP v2 POST /v2/models/{name}/infer body."""
 
     id: StrictStr | None = None
-    inputs: list[InferTensor] = Field(..., min_length=1)
+    inputs: FailFast[InferTensor] = Field(..., min_length=1)
     outputs: list[RequestedOutput] | None = None
     parameters: dict[str, object] | None = None
 
@@ -178,7 +186,7 @@ class UpdatesRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    ops: list[dict[str, Any]] = Field(
+    ops: FailFast[dict[str, Any]] = Field(
         ...,
         description="add_edge {src,dst} | delete_edge {src,dst} | add_node {features} | "
         "upsert_features {node,features}",
