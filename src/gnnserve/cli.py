@@ -68,6 +68,24 @@ def _serve_arguments(p: argparse.ArgumentParser) -> None:
         help="default SRPE policy: query_edges_ratio | importance | random | oracle",
     )
     p.add_argument("--max-new-nodes", type=int, default=None, help="new nodes per request")
+    p.add_argument(
+        "--max-body-bytes",
+        type=int,
+        default=None,
+        help="request bodies above this get 413 (default: 16 MiB + 32 B x max new nodes x width)",
+    )
+    p.add_argument(
+        "--api-keys",
+        default=None,
+        help="file of API keys, '<read|write|read,write> <token>' per line (or set "
+        "GNNSERVE_API_KEYS); every endpoint but /v2/health/* then needs a bearer token",
+    )
+    p.add_argument(
+        "--insecure",
+        action="store_true",
+        default=None,
+        help="allow a non-loopback --host without API keys (anyone reaching it may update)",
+    )
 
 
 def serve_config(args: argparse.Namespace) -> ServeConfig:
@@ -102,6 +120,9 @@ def serve_config(args: argparse.Namespace) -> ServeConfig:
             "embeddings.gamma": args.gamma,
             "embeddings.policy": args.policy,
             "embeddings.max_new_nodes": args.max_new_nodes,
+            "server.max_body_bytes": args.max_body_bytes,
+            "server.api_keys": args.api_keys,
+            "server.insecure": args.insecure,
         },
     )
 
@@ -112,14 +133,18 @@ def run_serve(args: argparse.Namespace) -> int:
 
     from gnnserve.engine.loader import build_engine
     from gnnserve.server.app import create_app
+    from gnnserve.server.auth import check_exposure, load_api_keys
 
     config = serve_config(args)
-    engine = build_engine(config)
-    app = create_app(engine, config.server.model_name)
     s = config.server
+    keys = load_api_keys(s.api_keys)  # before loading anything: a bad keys file exits at once
+    check_exposure(s.host, keys, s.insecure)
+    engine = build_engine(config)
+    app = create_app(engine, s.model_name, api_keys=keys)
     print(
         f"gnnserve: serving {config.model_path} on {config.store.path} "
-        f"at http://{s.host}:{s.port} as model {s.model_name!r}",
+        f"at http://{s.host}:{s.port} as model {s.model_name!r}"
+        f"{' with API keys' if keys is not None else ''}",
         flush=True,
     )
     # uvicorn drains in-flight requests on SIGTERM, then re-raises the signal; with this no-op

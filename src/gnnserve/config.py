@@ -41,9 +41,9 @@ class SamplerConfig(_Strict):
     @field_validator("fanouts")
     @classmethod
     def _fanouts(cls, v: list[int]) -> list[int]:
-        if not v or any(f == 0 or f < -1 for f in v):
-            raise ValueError("fanouts must be positive ints or -1 (all neighbours)")
-        return v
+        from gnnserve.sampling.sampler import check_fanouts  # the one check (imports numba)
+
+        return check_fanouts(v)
 
 
 class BatcherConfig(_Strict):
@@ -105,6 +105,13 @@ class ServerConfig(_Strict):
     port: int = Field(8000, ge=0, le=65535)  # 0 = pick a free port
     model_name: str = "default"  # the name clients use in /v2/models/{name}
     log_level: str = "warning"
+    # request bodies above this many bytes get 413 unread; None = 16 MiB + 32 bytes per float of
+    # the largest new-node request (embeddings.max_new_nodes x feature width): server/limits.py
+    max_body_bytes: int | None = Field(None, ge=1024)
+    # file of API keys ("<read|write|read,write> <token>" per line; server/auth.py); "" = the
+    # GNNSERVE_API_KEYS environment variable, or no authentication (loopback or insecure only)
+    api_keys: str = ""
+    insecure: bool = False  # allow a non-loopback host without API keys
 
 
 class ServeConfig(_Strict):
