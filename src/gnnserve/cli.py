@@ -151,7 +151,8 @@ def run_serve(args: argparse.Namespace) -> int:
     # handler in place the re-raise returns here and a graceful stop exits 0, not -15.
     signal.signal(signal.SIGTERM, lambda *_: None)
     uvicorn.run(app, host=s.host, port=s.port, log_level=s.log_level, access_log=False)
-    print("gnnserve: stopped after finishing accepted requests", flush=True)
+    # every request the app received was answered before the engine stopped: the two counts match
+    print(f"gnnserve: stopped; {app.state.requests.summary()}", flush=True)
     return 0
 
 

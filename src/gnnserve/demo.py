@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import IO
 
 import httpx
 import numpy as np
@@ -53,8 +54,11 @@ def wait_ready(base_url: str, proc: subprocess.Popen[bytes], timeout_s: float = 
     raise RuntimeError(f"server not ready after {timeout_s:.0f} s")
 
 
-def start_server(store: Path, model: Path, port: int, *extra: str) -> subprocess.Popen[bytes]:
-    """Start ``gnnserve serve`` as a child process on loopback."""
+def start_server(
+    store: Path, model: Path, port: int, *extra: str, stdout: IO[bytes] | None = None
+) -> subprocess.Popen[bytes]:
+    """Start ``gnnserve serve`` as a child process on loopback (``stdout``: where its standard
+    output goes, e.g. a file to read the request counts it prints when it stops)."""
     cmd = [
         sys.executable,
         "-m",
@@ -68,7 +72,7 @@ def start_server(store: Path, model: Path, port: int, *extra: str) -> subprocess
         str(port),
         *extra,
     ]
-    return subprocess.Popen(cmd, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    return subprocess.Popen(cmd, env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=stdout)
 
 
 def stop_server(proc: subprocess.Popen[bytes], timeout_s: float = 30.0) -> int:

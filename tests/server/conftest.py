@@ -29,7 +29,7 @@ def serving(engine: Engine, name: str = "sage") -> Iterator[str]:
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30
-    while not server.started:
+    while not (server.started and engine.warm):  # ready: warmed up after the port is bound
         assert time.monotonic() < deadline, "server did not start"
         time.sleep(0.05)
     try:

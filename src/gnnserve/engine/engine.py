@@ -23,6 +23,7 @@ from gnnserve.engine.batcher import STOP, Batch, Batcher, drop_expired
 from gnnserve.engine.newnodes import NewNodePrediction, NewNodeService
 from gnnserve.engine.pipeline import Stage, fail_batch
 from gnnserve.engine.planner import Planner
+from gnnserve.engine.warmup import warm_up_engine
 from gnnserve.errors import GnnServeError, ReadOnlyStoreError
 from gnnserve.features.base import FeatureStore
 from gnnserve.graph.base import GraphStore
@@ -71,6 +72,7 @@ class Engine:
         self.observers: list[Callable[[Batch], None]] = []  # called after each finished batch
         self._threads: list[threading.Thread] = []
         self._started = False
+        self._warm = threading.Event()  # set by warm_up: the server reports ready after it
         self.new_nodes = NewNodeService(self, embeddings, embeddings_error)
 
     # lifecycle -------------------------------------------------------------------------------
@@ -114,6 +116,23 @@ class Engine:
     def started(self) -> bool:
         """True while the stage threads run."""
         return self._started
+
+    def warm_up(self) -> dict[str, float]:
+        """Run every path of a default-fanout request once (see engine.warmup), then count as
+        warm, also when it failed (logged; requests report the same error).
+
+        An explicit start-up step, after ``start``: the app runs it before it reports ready.
+        Returns the ms spent per step and in ``total``.
+        """
+        try:
+            return warm_up_engine(self)
+        finally:
+            self._warm.set()
+
+    @property
+    def warm(self) -> bool:
+        """True once ``warm_up`` has run (what ``/v2/health/ready`` waits for)."""
+        return self._warm.is_set()
 
     def __enter__(self) -> Engine:
         return self.start()

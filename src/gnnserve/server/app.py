@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import gc
+import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -25,6 +26,7 @@ from gnnserve.engine.newnodes import NewNodePrediction
 from gnnserve.errors import GnnServeError, InvalidInputError, UnknownModelError
 from gnnserve.server import oip
 from gnnserve.server.auth import ApiKeys, RequireApiKey
+from gnnserve.server.counting import CountRequests, RequestCounts
 from gnnserve.server.limits import BodyLimit, JsonBodyRoute, default_body_limit, echo, error_json
 from gnnserve.server.metrics import ServerMetrics
 from gnnserve.server.schemas import (
@@ -36,6 +38,8 @@ from gnnserve.server.schemas import (
 )
 from gnnserve.server.shedding import SheddingMiddleware
 from gnnserve.types import InferenceResult
+
+log = logging.getLogger(__name__)
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorResponse}
@@ -137,6 +141,16 @@ def _count(metrics: ServerMetrics) -> Callable[[str], None]:
     return lambda kind: metrics.errors.labels(kind).inc()
 
 
+def _warm_up(engine: Engine) -> None:
+    """``engine.warm_up`` (it logs how long it took), then freeze what the compilers left."""
+    try:
+        engine.warm_up()
+    except Exception:  # noqa: BLE001 - a bug on the request path: requests will report it
+        log.exception("warm-up of the request path failed; serving without it")
+    gc.collect()
+    gc.freeze()
+
+
 def create_app(
     engine: Engine, model_name: str = "default", api_keys: ApiKeys | None = None
 ) -> FastAPI:
@@ -156,14 +170,19 @@ def create_app(
         # start-up heap keeps later collections to what requests allocate.
         gc.collect()
         gc.freeze()
+        # after the port is bound: live answers at once, ready (503 until then) once warm
+        warming = asyncio.create_task(asyncio.to_thread(_warm_up, engine))
         yield
+        await warming  # the engine must not close its stores under a running warm-up
         engine.stop()  # uvicorn has already finished in-flight requests: this drains the engine
 
     app = FastAPI(title="gnnserve", version="0.1.0", lifespan=lifespan)
     app.state.engine = engine
     app.state.metrics = metrics
     app.state.model_name = model_name
+    app.state.requests = RequestCounts()  # `gnnserve serve` reports them when it stops
     app.add_middleware(SheddingMiddleware, engine=engine, metrics=metrics)  # 429 before body
+    app.add_middleware(CountRequests, counts=app.state.requests)
     _limit_and_guard(app, engine, metrics, api_keys)
 
     @app.exception_handler(GnnServeError)

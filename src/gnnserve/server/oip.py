@@ -215,6 +215,10 @@ def model_metadata(engine: Engine, name: str) -> dict[str, Any]:
     }
 
 
+def _ready(engine: Engine) -> bool:
+    return engine.started and engine.warm and not engine.admission.closed
+
+
 def add_routes(
     app: FastAPI, engine: Engine, served: str, metrics: ServerMetrics, errors: dict[int | str, Any]
 ) -> None:
@@ -226,7 +230,8 @@ def add_routes(
 
     @app.get("/v2/health/ready", responses=errors)
     async def ready() -> JSONResponse:
-        ok = engine.started and not engine.admission.closed
+        """200 once the engine runs and its request path is warm (Engine.warm_up), else 503."""
+        ok = _ready(engine)
         return JSONResponse({"ready": ok}, status_code=200 if ok else 503)
 
     @app.get("/v2", responses=errors)
@@ -239,9 +244,10 @@ def add_routes(
         return model_metadata(engine, name)
 
     @app.get("/v2/models/{name}/ready", responses=errors)
-    async def model_ready(name: str) -> dict[str, Any]:
+    async def model_ready(name: str) -> JSONResponse:
         _check_model(name, served)
-        return {"name": name, "ready": engine.started}
+        ok = _ready(engine)
+        return JSONResponse({"name": name, "ready": ok}, status_code=200 if ok else 503)
 
     @app.post("/v2/models/{name}/infer", response_model=InferResponse, responses=errors)
     async def infer(name: str, body: InferRequest) -> JSONResponse:

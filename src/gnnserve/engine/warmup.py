@@ -1,0 +1,154 @@
+"""Warm the request path up before the server reports ready.
+
+numba compiles a kernel on its first call for each combination of argument types: with a cold
+on-disk cache (a fresh store's index dtypes, a new machine) the first request after start-up
+compiled the sampling kernels (458 ms against ~5 ms after). torch allocates and dispatches on
+its first forward, and a static graph builds its GCN degree table on first use.
+:func:`warm_up_engine` runs every path a request for the configured default fanouts can take
+once, on the served graph's arrays, features and model, so that ``/v2/health/ready`` means warm:
+
+- sampling: the planner's sampler (the pre-sampler when configured); on demand, the inline
+  kernel, and hop by hop with serial and with parallel draws when a batch can be large enough
+  to go hop by hop (``max(max_batch_nodes, max_nodes_per_request)`` seeds);
+- the feature gather (serial, and parallel when the graph has enough nodes), GCN degrees, the
+  model's forward and the shaping of every output kind;
+- a one-node new-node request in the configured mode when precomputed embeddings are loaded.
+
+The stages run on the caller's thread, outside admission and the batcher: no request id, no
+metric and no service-time sample comes from the warm-up. Like ``graph.warmup`` (the update
+path), it is an explicit start-up step: ``Engine.warm_up`` calls it, the app runs that after
+``Engine.start``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, TypeVar
+
+import numpy as np
+import torch
+
+from gnnserve.embeddings.newnodes import parse_new_nodes
+from gnnserve.errors import GnnServeError
+from gnnserve.features.stores import _PARALLEL_ROWS
+from gnnserve.sampling.sampler import NeighborSampler
+from gnnserve.types import MiniBatch, OutputKind
+
+if TYPE_CHECKING:
+    from gnnserve.engine.engine import Engine
+
+log = logging.getLogger(__name__)
+
+_SEEDS = 8  # seeds of the warm-up batch
+T = TypeVar("T")
+
+
+def warm_up_engine(engine: Engine) -> dict[str, float]:
+    """Run each path of a default-fanout request once; returns ms per step and ``total``."""
+    spent: dict[str, float] = {}
+    start = time.perf_counter()
+    if engine.graph.num_nodes > 0:
+        batch = _timed(spent, "sample+fetch", lambda: _sample_and_fetch(engine))
+        _timed(spent, "model", lambda: _forward(engine, batch))
+        if engine.new_nodes.embeddings is not None:
+            _timed(spent, "new_nodes", lambda: _new_nodes(engine))
+    spent["total"] = (time.perf_counter() - start) * 1e3
+    steps = ", ".join(f"{k} {v:.0f} ms" for k, v in spent.items() if k != "total")
+    log.info(
+        "request path warmed up in %.0f ms (%s; fanouts %s)",
+        spent["total"],
+        steps or "empty graph",
+        list(engine.planner.default),
+    )
+    return spent
+
+
+def _timed(spent: dict[str, float], name: str, step: Callable[[], T]) -> T:
+    start = time.perf_counter()
+    out = step()
+    spent[name] = (time.perf_counter() - start) * 1e3
+    return out
+
+
+def _sample_and_fetch(engine: Engine) -> MiniBatch:
+    """Sample on every reachable path; the served sampler's batch with its features."""
+    graph = engine.graph
+    graph.acquire_read()  # as the engine's sample stage: held until the features are read
+    try:
+        seeds = _seeds(engine)
+        subgraph = engine.planner.sampler_for(None).sample(seeds)  # the served sampler
+        _sample_on_demand_paths(engine, seeds)
+        ids = subgraph.input_nodes
+        x = engine.features.get(ids)
+        in_degree = torch.from_numpy(graph.gcn_degree(ids))
+        if graph.num_nodes >= _PARALLEL_ROWS:  # a batch can reach the parallel gather
+            engine.features.get(np.arange(_PARALLEL_ROWS, dtype=np.int64))
+    finally:
+        graph.release_read()
+    return MiniBatch(subgraph, x, in_degree)
+
+
+def _seeds(engine: Engine) -> np.ndarray:
+    """Up to ``_SEEDS`` nodes with in-neighbours (any nodes when none has)."""
+    degree = engine.graph.adjacency()[1][: engine.graph.num_nodes]
+    nodes = np.flatnonzero(degree > 0)[:_SEEDS]
+    if nodes.size == 0:
+        nodes = np.arange(min(engine.graph.num_nodes, _SEEDS))
+    return nodes.astype(np.int64)
+
+
+def _sample_on_demand_paths(engine: Engine, seeds: np.ndarray) -> None:
+    """Sample ``seeds`` on each on-demand path a default-fanout batch can take.
+
+    Nothing when the pre-sampler serves the default fanouts. Inline always; hop by hop (serial
+    draws for hops below the parallel threshold, parallel draws above it) only when the largest
+    batch's expected size reaches the served sampler's threshold. One private sampler, its
+    threshold set per path (the served one is shared with requests).
+    """
+    planner = engine.planner
+    if planner.presampler is not None:
+        return
+    served = planner.sampler_for(None)
+    assert isinstance(served, NeighborSampler)
+    sampler = NeighborSampler(engine.graph, list(planner.default), parallel_threshold=2**62)
+    sampler.sample(seeds)  # inline
+    cfg = engine.config
+    largest = max(cfg.batcher.max_batch_nodes, cfg.admission.max_nodes_per_request)
+    heaviest = 0 if served.cost is None else int(np.argmax(served.cost))
+    if served.expected_size(np.full(largest, heaviest, np.int64)) >= served.parallel_threshold:
+        # cost None: the expected size is a fanout bound, above every hop's edge count
+        for threshold in (max(int(sampler.expected_size(seeds)), 1), 1):
+            sampler.parallel_threshold = threshold  # by hop: serial draws, then parallel
+            sampler.sample(seeds)
+
+
+def _forward(engine: Engine, batch: MiniBatch) -> None:
+    logits, embedding = engine.runner.forward(batch)
+    rows = batch.subgraph.seed_rows
+    for kind in OutputKind:
+        engine.runner.shape_output(kind, logits, embedding, rows)
+
+
+def _new_nodes(engine: Engine) -> None:
+    """One new node with one edge, in the configured mode (skipped while the PEs are stale)."""
+    cfg, graph = engine.config.embeddings, engine.graph
+    new = parse_new_nodes(
+        np.zeros((1, engine.features.dim), np.float32),
+        np.array([[0, int(_seeds(engine)[0])]], np.int64),
+        num_nodes=graph.num_nodes,
+        feature_dim=engine.features.dim,
+        max_new_nodes=cfg.max_new_nodes,
+    )
+    graph.acquire_read()
+    try:
+        out = engine.new_nodes.inference().run(new, cfg.mode, cfg.gamma, cfg.policy, None, 0)
+    except GnnServeError as exc:  # e.g. stale PEs: these requests are refused (409) anyway
+        log.info("new-node path not warmed up: %s", exc.message)
+        return
+    finally:
+        graph.release_read()
+    rows = np.arange(1, dtype=np.int64)
+    for kind in OutputKind:
+        engine.runner.shape_output(kind, out.logits.cpu(), out.embedding.cpu(), rows)
