@@ -17,6 +17,7 @@ import uvicorn
 
 from gnnserve.config import ServeConfig
 from gnnserve.demo import free_port
+from gnnserve.engine.delay import ServiceModel
 from gnnserve.engine.engine import Engine
 from gnnserve.engine.loader import build_engine
 from gnnserve.server.app import create_app
@@ -192,3 +193,20 @@ def test_malformed_timeout_header_is_a_400(live_server: str) -> None:
         )
         assert r.status_code == 400, (value, r.text)
         assert r.json()["error"]["field"] == "X-Timeout-Ms"
+
+
+def test_each_admitted_answer_calibrates_the_prediction_once(
+    small_store: Path, small_ckpt: Path
+) -> None:
+    engine, _ = _gated_engine(small_store, small_ckpt)
+    calibration = engine.admission.backlog.calibration
+    with serving(engine) as base:
+        url = f"{base}/v1/predict"
+        for i in range(ServiceModel.MIN_BATCHES + 3):  # the model predicts from here on
+            assert httpx.post(url, json={"nodes": [i]}).status_code == 200
+        before = calibration.observed
+        for i in range(5):
+            r = httpx.post(url, json={"nodes": [i]}, headers={"X-Timeout-Ms": "30000"})
+            assert r.status_code == 200
+        assert httpx.post(url, json={"nodes": [10**9]}).status_code == 400  # never admitted
+        assert calibration.observed == before + 5  # at the HTTP answer, not also at the future

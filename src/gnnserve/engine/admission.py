@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from gnnserve.config import AdmissionConfig
-from gnnserve.engine.delay import Backlog, Prediction
+from gnnserve.engine.delay import Backlog, Calibration, Prediction
 from gnnserve.errors import InvalidInputError, OverloadedError, ShuttingDownError, TooManyNodesError
 from gnnserve.graph.base import GraphStore
 from gnnserve.types import InferenceRequest, InferenceResult, OutputKind
@@ -35,12 +35,21 @@ TIMEOUT_HEADER = "X-Timeout-Ms"
 MAX_TIMEOUT_MS = 86_400_000.0  # one day
 
 
-@dataclass(frozen=True)
+@dataclass
 class RequestContext:
-    """When a request arrived (perf_counter seconds) and the deadline its caller set, if any."""
+    """A request seen by the HTTP layer: when it arrived and the deadline its caller set
+    (perf_counter seconds). Admission fills in when it expects the answer; the HTTP layer then
+    calibrates that expectation with the time the response was actually sent."""
 
     arrival_s: float
     deadline_s: float | None = None
+    expected_s: float | None = None  # predicted answer time, set when admitted
+    calibration: Calibration | None = None  # of the queue that admitted it
+
+    def answered(self, now: float) -> None:
+        """The response went out at ``now``: how late it was against the prediction."""
+        if self.calibration is not None and self.expected_s is not None:
+            self.calibration.observe(self.expected_s - self.arrival_s, now - self.arrival_s)
 
 
 # set by the HTTP layer (server/shedding.py) for the request being handled; read by admission
@@ -168,7 +177,8 @@ class Admission:
         Raises ShuttingDownError once closed; OverloadedError when ``max_queue_requests`` are
         already in flight (every kind of request shares the bound) or when ``backlog`` predicts
         too long a wait for ``units`` more (see :meth:`refusal`). An admitted request's actual
-        latency, once done, calibrates ``backlog``'s predictions.
+        latency calibrates ``backlog``'s predictions: when its future is done, or, over HTTP,
+        when its response is sent (see :class:`RequestContext`).
         """
         if self._closed:
             raise ShuttingDownError("server is shutting down")
@@ -185,11 +195,14 @@ class Admission:
                 )
             self._in_flight += 1
         future.add_done_callback(self._release)
-        if backlog is not None and predicted is not None:
-            calibration, latency = backlog.calibration, predicted.latency_s
-            future.add_done_callback(
-                lambda _: calibration.observe(latency, time.perf_counter() - now)
-            )
+        if backlog is None or predicted is None:
+            return
+        ctx = REQUEST.get()
+        if ctx is not None:  # calibrated on the HTTP answer (parsing and encoding included)
+            ctx.calibration, ctx.expected_s = backlog.calibration, now + predicted.latency_s
+            return
+        calibration, latency = backlog.calibration, predicted.latency_s
+        future.add_done_callback(lambda _: calibration.observe(latency, time.perf_counter() - now))
 
     def refusal(
         self, backlog: Backlog, units: int, now: float, deadline: float | None

@@ -120,6 +120,11 @@ class Calibration:
         self._seen = 0
         self.margin_s = 0.0
 
+    @property
+    def observed(self) -> int:
+        """Requests observed so far."""
+        return self._seen
+
     def observe(self, predicted_s: float, actual_s: float) -> None:
         """One answered (or expired) request: its predicted and its actual latency, seconds."""
         self._errors.append(actual_s - predicted_s)

@@ -7,7 +7,8 @@ middleware asks the engine's admission whether the smallest request (one node) w
 admitted right now (in-flight bound, predicted queueing delay, the caller's deadline) and, if
 not, answers a pre-encoded JSON 429 with a ``Retry-After`` header without reading the body.
 Requests it lets through carry their arrival time and deadline (``X-Timeout-Ms``) to admission,
-which checks them again with their real size once parsed.
+which checks them again with their real size once parsed; when their response is sent, its
+time calibrates admission's predictions.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import math
 import time
 from typing import Any
 
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gnnserve.engine.admission import REQUEST, TIMEOUT_HEADER, RequestContext, parse_timeout_ms
 from gnnserve.engine.engine import Engine
@@ -84,9 +85,16 @@ class SheddingMiddleware:
             retry_after = str(max(1, math.ceil(retry_s))).encode()
             await _answer(send, 429, _OVERLOADED, [(b"retry-after", retry_after)])
             return
-        token = REQUEST.set(RequestContext(now, deadline))
+        ctx = RequestContext(now, deadline)
+
+        async def sent(message: Message) -> None:
+            await send(message)
+            if message["type"] == "http.response.body" and not message.get("more_body", False):
+                ctx.answered(time.perf_counter())
+
+        token = REQUEST.set(ctx)
         try:
-            await self.app(scope, receive, send)
+            await self.app(scope, receive, sent)
         finally:
             REQUEST.reset(token)
 
