@@ -11,12 +11,16 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import numpy as np
 import psutil
 import pytest
 
 from gnnserve.demo import free_port, start_server, stop_server, wait_ready
-from gnnserve.server.limits import BASE_BODY_BYTES, default_body_limit, echo
+from gnnserve.engine.loader import build_engine
+from gnnserve.server.limits import BASE_BODY_BYTES, PARSE_INLINE_BYTES, default_body_limit, echo
 from gnnserve.server.schemas import PredictRequest
+from tests.engine.test_engine_newnodes import config
+from tests.server.conftest import serving
 
 LIMIT = 16 << 20  # --max-body-bytes of the process server
 MAX_NEW = 200_000
@@ -221,3 +225,66 @@ def test_echo_and_default_limit() -> None:
     # the largest new-node request of a 4,735-wide store (fb100) at full float precision fits
     row = json.dumps([[-1.2345678901234567e-05] * 4735] * 8)
     assert len(row) / 8 * 1024 < default_body_limit(1024, 4735) - BASE_BODY_BYTES
+
+
+@pytest.fixture(scope="module")
+def pe_server(pe_store: Path, small_ckpt: Path) -> Iterator[str]:
+    """An in-process server with precomputed embeddings (full-neighbourhood sampling)."""
+    with serving(build_engine(config(pe_store, small_ckpt)), "sage") as url:
+        yield url
+
+
+def _post_padded(url: str, path: str, body: object, pad: int) -> httpx.Response:
+    raw = json.dumps(body).encode()
+    raw = raw[:-1] + b" " * pad + raw[-1:]  # JSON allows the whitespace: same request, longer
+    return httpx.post(
+        f"{url}{path}", content=raw, headers={"content-type": "application/json"}, timeout=120
+    )
+
+
+def test_bodies_parsed_in_the_parser_process_give_the_same_answers(pe_server) -> None:
+    """The same requests, padded past PARSE_INLINE_BYTES (parser process, long lists back as
+    arrays) and not (parsed inline), give identical answers and identical errors."""
+    rng = np.random.default_rng(5)
+    m = 300  # lists of 300 rows and 4,800 values come back as arrays
+    features = rng.standard_normal((m, 16)).astype(np.float32).tolist()
+    edges = [[i, int(rng.integers(0, 2000))] for i in range(m)]
+    predict = {"new_nodes": {"features": features, "edges": edges}, "output": "probs"}
+    infer = {
+        "inputs": [
+            {
+                "name": "new_node_features",
+                "shape": [m, 16],
+                "datatype": "FP32",
+                "data": [v for row in features for v in row],
+            },
+            {
+                "name": "new_node_edges",
+                "shape": [m, 2],
+                "datatype": "INT64",
+                "data": [v for e in edges for v in e],
+            },
+        ],
+        "outputs": [{"name": "probs"}],
+        "parameters": {"mode": "full"},
+    }
+    nodes = {"nodes": list(range(300)), "output": "embedding"}
+    bad = {"new_nodes": {"features": features[:-1] + [features[-1][:15]], "edges": edges}}
+    cases = [
+        ("/v1/predict", {**predict, "mode": "full"}),
+        ("/v1/predict", nodes),
+        ("/v2/models/sage/infer", infer),
+        ("/v1/predict", bad),
+        ("/v1/predict", {**nodes, "nodes": [*range(299), 2**70]}),
+    ]
+    statuses = []
+    for path, body in cases:
+        inline = _post_padded(pe_server, path, body, 0)
+        elsewhere = _post_padded(pe_server, path, body, PARSE_INLINE_BYTES)
+        assert inline.status_code == elsewhere.status_code, (path, elsewhere.text[:300])
+        a, b = inline.json(), elsewhere.json()
+        a.pop("timings", None)
+        b.pop("timings", None)
+        assert a == b, path
+        statuses.append(inline.status_code)
+    assert statuses == [200, 200, 200, 400, 400]
