@@ -21,7 +21,8 @@ here). For P = 2 and 4 workers (Ray actors, gloo all-to-all) it reports per mode
   feature rows and runs PyG layers, so part of the gap is the local kernel, not parallelism;
 - the largest |logit difference| to the single-process answer (must be <= 1e-4).
 
-Run: ``.venv/bin/python bench/cgp.py`` (``--quick``: cora, 3 batches, ``cgp_quick.json``).
+Run: ``.venv/bin/python bench/cgp.py`` (``--quick``: cora, 3 batches, ``cgp_quick.json``;
+``--models gat``: a subset, written to ``cgp_gat.json``). Results are saved after each model.
 """
 
 from __future__ import annotations
@@ -70,7 +71,7 @@ def parse() -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="cora, 3 batches")
     p.add_argument("--workdir", type=Path, default=Path("work/srpe"), help="store/model/PE cache")
     p.add_argument("--repeats", type=int, default=5, help="timed runs per batch")
-    p.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    p.add_argument("--models", nargs="+", choices=list(MODELS), help="subset (own file)")
     return p.parse_args()
 
 
@@ -252,15 +253,9 @@ def main() -> None:
     batches = [new for _, new in query_batches(work, BATCH)]
     batches = batches[:3] if args.quick else batches
     print(f"{name}: {len(batches)} batches, prepared in {time.perf_counter() - start:.0f} s")
-    models = {arch: run_model(arch, name, work, batches, args) for arch in args.models}
-    targets = Targets()
-    if not args.quick and "sage" in models:  # fb100: mean degree 85, 4,735 sparse features
-        ratio = models["sage"]["summary"]["4"]["ratio"]
-        targets.check("sage-3 plain / CGP bytes at P = 4 (features sent sparse)", ratio, 5.0)
-    for arch, res in models.items():
-        worst = max(s["max_abs_diff"] for s in res["summary"].values())
-        targets.check(f"{arch} max |CGP - SRPE| logit, x1e-6", worst * 1e6, TOL * 1e6, False)
-    result = {
+    suffix = "_quick" if args.quick else ""
+    suffix += "".join(f"_{arch}" for arch in args.models or [])
+    result: dict[str, Any] = {
         "dataset": name,
         "gamma": GAMMA,
         "batch": BATCH,
@@ -268,11 +263,21 @@ def main() -> None:
         "new_edges": int(work.new_edges.shape[0]),
         "torch_threads_single_process": torch.get_num_threads(),
         "torch_threads_per_worker": 1,
-        "models": models,
-        "targets": targets.rows,
+        "repeats": args.repeats,
+        "models": {},
     }
-    suffix = "_quick" if args.quick else ""
-    path = write_results("cgp" + suffix, result)
+    models = result["models"]
+    for arch in args.models or list(MODELS):
+        models[arch] = run_model(arch, name, work, batches, args)
+        write_results("cgp" + suffix, {"complete": False, **result})  # survives a crash
+    targets = Targets()
+    if not args.quick and "sage" in models:  # fb100: mean degree 85, 4,735 sparse features
+        ratio = models["sage"]["summary"]["4"]["ratio"]
+        targets.check("sage-3 plain / CGP bytes at P = 4 (features sent sparse)", ratio, 5.0)
+    for arch, res in models.items():
+        worst = max(s["max_abs_diff"] for s in res["summary"].values())
+        targets.check(f"{arch} max |CGP - SRPE| logit, x1e-6", worst * 1e6, TOL * 1e6, False)
+    path = write_results("cgp" + suffix, {"complete": True, **result, "targets": targets.rows})
     plot(result, RESULTS / f"cgp{suffix}.png")
     for arch, res in models.items():
         for p, s in res["summary"].items():

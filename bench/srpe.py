@@ -182,8 +182,9 @@ def plot(rows: list[dict], path: Path) -> None:
 
     names = sorted({r["dataset"] for r in rows}, key=list(EPOCHS).index)
     archs = list(MODELS)
-    fig, axes = plt.subplots(len(archs) + 1, len(names), figsize=(4 * len(names), 13))
-    axes = np.atleast_2d(axes)
+    fig, axes = plt.subplots(
+        len(archs) + 1, len(names), figsize=(4 * len(names), 13), squeeze=False
+    )
     for r in rows:
         ax = axes[archs.index(r["arch"]), names.index(r["dataset"])]
         for policy, curve in r["policies"].items():
