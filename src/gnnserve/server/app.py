@@ -42,8 +42,7 @@ from gnnserve.types import InferenceResult
 log = logging.getLogger(__name__)
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
-    code: {"model": ErrorResponse}
-    for code in (400, 401, 403, 404, 409, 413, 429, 500, 503, 504)
+    code: {"model": ErrorResponse} for code in (400, 401, 403, 404, 409, 413, 429, 500, 503, 504)
 }
 
 
