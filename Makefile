@@ -38,6 +38,8 @@ bench: $(STAMP)
 	$(BIN)/python bench/sampling.py
 	$(BIN)/python bench/serving.py
 	$(BIN)/python bench/overload.py
+	$(BIN)/python bench/cold_start.py
+	$(BIN)/python bench/store_check.py
 	$(BIN)/python bench/dynamic.py
 	$(BIN)/python bench/dynamic_http.py
 	$(BIN)/python bench/srpe.py
@@ -51,6 +53,8 @@ bench-quick: $(STAMP)
 	$(BIN)/python bench/sampling.py --quick
 	$(BIN)/python bench/serving.py --quick
 	$(BIN)/python bench/overload.py --quick
+	$(BIN)/python bench/cold_start.py --quick
+	$(BIN)/python bench/store_check.py --quick
 	$(BIN)/python bench/dynamic.py --quick
 	$(BIN)/python bench/dynamic_http.py --quick
 	$(BIN)/python bench/srpe.py --quick

@@ -236,3 +236,25 @@ def find_capacity(
             hi = mid
     cap.rate, cap.first_fail = lo, hi
     return cap
+
+
+def fb100_sage(workdir: Path, note: str) -> tuple[Path, Path, int]:
+    """fb100_cornell5 as a store with 128-dim random features (seeded) and a random-init
+    GraphSAGE 2x256 checkpoint (throughput does not depend on the weights' values); returns
+    (store, checkpoint, number of nodes). The HTTP benchmarks serve this pair."""
+    import torch
+
+    from gnnserve.data.writer import GraphData, write_store
+    from gnnserve.models.checkpoint import save_checkpoint
+    from gnnserve.models.zoo import GNN, ModelConfig
+
+    with np.load(DATASETS / "fb100_cornell5.npz") as z:
+        edge_index, n = z["edge_index"], int(z["num_nodes"])
+    x = np.random.default_rng(0).standard_normal((n, 128), dtype=np.float32)
+    store = workdir / "store"
+    write_store(GraphData("fb100_cornell5", n, edge_index, x), store)
+    torch.manual_seed(0)
+    config = ModelConfig(arch="sage", in_dim=128, hidden_dim=256, out_dim=2, num_layers=2)
+    ckpt = workdir / "sage"
+    save_checkpoint(ckpt, GNN(config), config, {"note": note})
+    return store, ckpt, n

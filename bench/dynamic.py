@@ -24,7 +24,14 @@ import numpy as np
 import gnnserve  # noqa: F401  (first: sets the OpenMP wait policy)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import DATASETS, Targets, parse_args, save_figure, write_results  # noqa: E402
+from common import (  # noqa: E402
+    DATASETS,
+    Targets,
+    parse_args,
+    result_name,
+    save_figure,
+    write_results,
+)
 from gnnserve.data.writer import GraphData, write_store  # noqa: E402
 from gnnserve.features import open_feature_store  # noqa: E402
 from gnnserve.graph import open_graph_store  # noqa: E402
@@ -260,7 +267,7 @@ def main() -> None:
                 )
             results[name] = res
     out = write_results(
-        "dynamic",
+        result_name("dynamic", args.quick),
         {
             "fanouts": FANOUTS,
             "rates": RATES,

@@ -26,7 +26,7 @@ import torch
 import gnnserve  # noqa: F401  (first: sets the OpenMP wait policy)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import Targets, parse_args, write_results  # noqa: E402
+from common import Targets, parse_args, result_name, write_results  # noqa: E402
 from dynamic import BATCH, check_latency_targets, make_store, plot_latency, update_stream  # noqa: E402
 from gnnserve import loadgen  # noqa: E402
 from gnnserve.demo import free_port, start_server, stop_server, wait_ready  # noqa: E402
@@ -136,7 +136,7 @@ def main() -> None:
                         f"ok {r['ok']} errors {r['errors']}"
                     )
     out = write_results(
-        "dynamic_http",
+        result_name("dynamic_http", args.quick),
         {
             "request_rate": REQUEST_RATE,
             "batch": BATCH,

@@ -40,8 +40,8 @@ import gnnserve  # noqa: F401  (first: sets the OpenMP wait policy)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (  # noqa: E402
-    DATASETS,
     Targets,
+    fb100_sage,
     find_capacity,
     fmt_range,
     interleaved_rounds,
@@ -75,51 +75,24 @@ def run_load(
 async def _open_loop(
     url: str, rate: float, duration: float, num_nodes: int, timeout_ms: float | None, seed: int
 ) -> dict[str, Any]:
-    import aiohttp
+    from gnnserve import loadgen
 
-    from gnnserve.loadgen import frozen_heap
-
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(seed + 1)
     n = max(1, int(rate * duration))
-    send_at = np.cumsum(rng.exponential(1.0 / rate, n))
+    # encoded up front: the client's own JSON encoding would be measured as send lag
     bodies = [
         json.dumps({"nodes": row}).encode()
         for row in rng.integers(0, num_nodes, (n, NODES)).tolist()
     ]
-    headers = {"content-type": "application/json"}
-    if timeout_ms is not None:
-        headers[HEADER] = f"{timeout_ms:.1f}"
-    status = np.zeros(n, np.int64)
-    latency = np.zeros(n)
-    lag = np.zeros(n)
-
-    async def send(session: aiohttp.ClientSession, i: int, t0: float) -> None:
-        lag[i] = time.perf_counter() - t0
-        try:
-            async with session.post(url, data=bodies[i], headers=headers) as resp:
-                await resp.read()
-                status[i] = resp.status
-        except (aiohttp.ClientError, asyncio.TimeoutError):
-            status[i] = -1
-        latency[i] = (time.perf_counter() - t0) * 1e3
-
-    connector = aiohttp.TCPConnector(limit=1024)
-    timeout = aiohttp.ClientTimeout(total=60)
-    with frozen_heap():
-        async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
-            start = time.perf_counter()
-            tasks = []
-            for i, offset in enumerate(send_at):
-                delay = start + offset - time.perf_counter()
-                if delay > 0:
-                    await asyncio.sleep(delay)
-                tasks.append(asyncio.create_task(send(session, i, start + float(offset))))
-            await asyncio.gather(*tasks)
+    headers = {HEADER: f"{timeout_ms:.1f}"} if timeout_ms is not None else None
+    report = await loadgen.open_loop(
+        url, bodies.__getitem__, rate, duration, seed, 1024, headers, timeout_s=60.0
+    )
     return {
-        "status": status.tolist(),
-        "latency_ms": latency.tolist(),
-        "lag_ms": (lag * 1e3).tolist(),
-        "duration_s": max(float(send_at[-1]), duration),
+        "status": report.statuses.tolist(),
+        "latency_ms": report.answer_ms.tolist(),
+        "lag_ms": report.send_lag_ms.tolist(),
+        "duration_s": duration,  # the window the requests were sent in
     }
 
 
@@ -163,26 +136,6 @@ def _line(row: dict[str, float]) -> str:
 
 
 # ---- the experiment ------------------------------------------------------------------------------
-def prepare(workdir: Path) -> tuple[Path, Path, int]:
-    """fb100_cornell5 store with 128-dim random features and a random-init GraphSAGE 2x256."""
-    import torch
-
-    from gnnserve.data.writer import GraphData, write_store
-    from gnnserve.models.checkpoint import save_checkpoint
-    from gnnserve.models.zoo import GNN, ModelConfig
-
-    with np.load(DATASETS / "fb100_cornell5.npz") as z:
-        edge_index, n = z["edge_index"], int(z["num_nodes"])
-    x = np.random.default_rng(0).standard_normal((n, 128), dtype=np.float32)
-    store = workdir / "store"
-    write_store(GraphData("fb100_cornell5", n, edge_index, x), store)
-    torch.manual_seed(0)
-    config = ModelConfig(arch="sage", in_dim=128, hidden_dim=256, out_dim=2, num_layers=2)
-    ckpt = workdir / "sage"
-    save_checkpoint(ckpt, GNN(config), config, {"note": "random init for the overload benchmark"})
-    return store, ckpt, n
-
-
 class Experiment:
     """One server, one load-generator process, and the measurements taken against them."""
 
@@ -309,7 +262,7 @@ def main() -> None:
 
     rounds, step_s = (1, 1.5) if args.quick else (5, 8.0)
     with tempfile.TemporaryDirectory() as tmp:
-        store, ckpt, n = prepare(Path(tmp))
+        store, ckpt, n = fb100_sage(Path(tmp), "random init for the overload benchmark")
         port = free_port()
         proc = start_server(store, ckpt, port, "--fanouts", "25,10", "--torch-threads", "1")
         ctx = get_context("spawn")

@@ -38,8 +38,8 @@ import gnnserve  # noqa: F401  (first: sets the OpenMP wait policy)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (  # noqa: E402
-    DATASETS,
     Targets,
+    fb100_sage,
     find_capacity,
     fmt_range,
     interleaved_rounds,
@@ -51,32 +51,13 @@ from common import (  # noqa: E402
     write_results,
 )
 from gnnserve import loadgen  # noqa: E402
-from gnnserve.data.writer import GraphData, write_store  # noqa: E402
 from gnnserve.demo import free_port, stop_server, wait_ready  # noqa: E402
-from gnnserve.models.checkpoint import save_checkpoint  # noqa: E402
-from gnnserve.models.zoo import GNN, ModelConfig  # noqa: E402
 
 P99_BUDGET_MS = 30.0
 FIXED_RPS = 100.0  # below both servers' capacity on the 2-core reference machine
 START_RPS = 100.0  # first rung of the first round's ladder
 MAX_RPS = 4000.0  # the in-process load generator's ceiling on 2 cores
 SIDES = ("baseline", "gnnserve")
-
-
-def prepare(workdir: Path) -> tuple[Path, Path, int]:
-    """fb100_cornell5 store with 128-dim features and a random-init GraphSAGE checkpoint."""
-    with np.load(DATASETS / "fb100_cornell5.npz") as z:
-        edge_index, n = z["edge_index"], int(z["num_nodes"])
-    x = np.random.default_rng(0).standard_normal((n, 128), dtype=np.float32)
-    store = workdir / "store"
-    write_store(GraphData("fb100_cornell5", n, edge_index, x), store)
-    import torch
-
-    torch.manual_seed(0)
-    config = ModelConfig(arch="sage", in_dim=128, hidden_dim=256, out_dim=2, num_layers=2)
-    ckpt = workdir / "sage"
-    save_checkpoint(ckpt, GNN(config), config, {"note": "random init for the serving benchmark"})
-    return store, ckpt, n
 
 
 def launch(side: str, store: Path, ckpt: Path, port: int, threads: int) -> subprocess.Popen[bytes]:
@@ -283,7 +264,7 @@ def main() -> None:
     opts = parse()
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
-        session = Session(*prepare(Path(tmp)), opts)
+        session = Session(*fb100_sage(Path(tmp), "random init for the serving benchmark"), opts)
         sessions: dict[str, list[dict[str, Any]]] = {}
         arms = {}
         for t in opts.threads:  # the two servers next to each other at each thread count

@@ -40,6 +40,14 @@ def _serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-nodes", type=int, default=None, help="nodes per request before 413")
     p.add_argument("--torch-threads", type=int, default=None, help="torch threads (default 1)")
     p.add_argument(
+        "--no-warm-up",
+        dest="warm_up",
+        action="store_false",
+        default=None,
+        help="report ready at once, without running the request path first (the first "
+        "requests then compile the kernels)",
+    )
+    p.add_argument(
         "--update-log",
         default=None,
         help="accept graph updates, logged here (replayed at start-up if it exists)",
@@ -111,6 +119,7 @@ def serve_config(args: argparse.Namespace) -> ServeConfig:
             "admission.timeout_s": args.timeout_s,
             "admission.max_nodes_per_request": args.max_nodes,
             "compute.torch_threads": args.torch_threads,
+            "compute.warm_up": args.warm_up,
             "store.update_log": args.update_log,
             "store.fsync": args.fsync,
             "sampler.presample": args.presample,

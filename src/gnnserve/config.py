@@ -62,6 +62,10 @@ class ComputeConfig(_Strict):
     # the default: batches are small and the pipeline stages already use both cores; with two,
     # a batch-1 forward took 1.6 ms instead of 0.2 ms (bench/serving.py machine).
     torch_threads: int | None = Field(1, ge=1)
+    # run the request path once at start-up (numba compiles its kernels for this store's dtypes,
+    # torch allocates) before /v2/health/ready answers 200; off: ready at once, and the first
+    # requests pay for it (seconds with a cold numba cache)
+    warm_up: bool = True
 
 
 class AdmissionConfig(_Strict):

@@ -1,8 +1,8 @@
 """HTTP load generator: closed-loop (fixed concurrency) and open-loop (fixed arrival rate).
 
-Used by ``gnnserve demo``, ``gnnserve bench`` and bench/serving.py. Latencies are client-side
-wall times in milliseconds, measured from the scheduled send time in open loop (so queueing in
-the client counts, as it would for a real caller).
+Used by ``gnnserve demo``, ``gnnserve bench`` and the HTTP benchmarks in bench/. Latencies are
+client-side wall times in milliseconds, measured from the scheduled send time in open loop (so
+queueing in the client counts, as it would for a real caller).
 """
 
 from __future__ import annotations
@@ -11,14 +11,14 @@ import asyncio
 import contextlib
 import gc
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
 import numpy as np
 
-Payload = dict[str, Any]
+Payload = dict[str, Any] | bytes  # a JSON-able body, or one already encoded as JSON
 
 
 @dataclass
@@ -30,6 +30,16 @@ class LoadReport:
     responses: list[Any] = field(default_factory=list)  # JSON bodies (when kept), send order
     duration_s: float = 0.0  # wall time of the run
     offered_rps: float = 0.0  # open loop: target rate; closed loop: 0
+    # per request, in send order: HTTP status (-1: connection error or client timeout), latency
+    # of whatever answer came (ms), and how late the client sent it (open loop; ms)
+    statuses: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    answer_ms: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    send_lag_ms: np.ndarray = field(default_factory=lambda: np.zeros(0))
+
+    def expect(self, n: int) -> None:
+        """Size the per-request arrays for ``n`` requests."""
+        self.statuses = np.zeros(n, np.int64)
+        self.answer_ms, self.send_lag_ms = np.zeros(n), np.zeros(n)
 
     @property
     def ok(self) -> int:
@@ -69,6 +79,9 @@ def frozen_heap() -> Iterator[None]:
         gc.unfreeze()
 
 
+_JSON = {"content-type": "application/json"}
+
+
 async def _send(
     session: aiohttp.ClientSession,
     url: str,
@@ -77,27 +90,36 @@ async def _send(
     keep: bool,
     index: int,
     t0: float,
+    headers: dict[str, str] | None = None,
 ) -> None:
+    report.send_lag_ms[index] = (time.perf_counter() - t0) * 1e3
+    if isinstance(payload, bytes):
+        post = session.post(url, data=payload, headers={**_JSON, **(headers or {})})
+    else:
+        post = session.post(url, json=payload, headers=headers)
     try:
-        async with session.post(url, json=payload) as resp:
+        async with post as resp:
             body = await resp.json(content_type=None) if keep or resp.status != 200 else None
             await resp.read()
             status = resp.status
-    except aiohttp.ClientError:
+    except (aiohttp.ClientError, asyncio.TimeoutError):
         status = -1
         body = None
+    elapsed_ms = (time.perf_counter() - t0) * 1e3
     report.status_counts[status] = report.status_counts.get(status, 0) + 1
+    report.statuses[index], report.answer_ms[index] = status, elapsed_ms
     if status == 200:
-        report.latencies_ms.append((time.perf_counter() - t0) * 1e3)
+        report.latencies_ms.append(elapsed_ms)
     if keep:
         report.responses[index] = body
 
 
 async def closed_loop(
-    url: str, payloads: list[Payload], concurrency: int, keep_responses: bool = False
+    url: str, payloads: Sequence[Payload], concurrency: int, keep_responses: bool = False
 ) -> LoadReport:
     """Send every payload with ``concurrency`` requests outstanding at a time."""
     report = LoadReport(responses=[None] * len(payloads) if keep_responses else [])
+    report.expect(len(payloads))
     queue: asyncio.Queue[int] = asyncio.Queue()
     for i in range(len(payloads)):
         queue.put_nowait(i)
@@ -123,6 +145,7 @@ async def _schedule(
     make_payload: Callable[[int], Payload],
     send_at: np.ndarray,
     report: LoadReport,
+    headers: dict[str, str] | None,
 ) -> None:
     """Fire request i at ``start + send_at[i]`` without waiting for earlier replies."""
     start = time.perf_counter()
@@ -132,9 +155,8 @@ async def _schedule(
         if delay > 0:
             await asyncio.sleep(delay)
         t0 = start + float(offset)
-        tasks.append(
-            asyncio.create_task(_send(session, url, make_payload(i), report, False, i, t0))
-        )
+        send = _send(session, url, make_payload(i), report, False, i, t0, headers)
+        tasks.append(asyncio.create_task(send))
     await asyncio.gather(*tasks)
     report.duration_s = max(time.perf_counter() - start, float(send_at[-1]))
 
@@ -146,15 +168,19 @@ async def open_loop(
     duration_s: float,
     seed: int = 0,
     max_connections: int = 512,
+    headers: dict[str, str] | None = None,
+    timeout_s: float = 30.0,
 ) -> LoadReport:
-    """Poisson arrivals at ``rate_rps`` for ``duration_s``; waits for every reply (bounded)."""
+    """Poisson arrivals at ``rate_rps`` for ``duration_s``; waits for every reply (at most
+    ``timeout_s`` each). ``headers`` go with every request."""
     rng = np.random.default_rng(seed)
     n = max(1, int(rate_rps * duration_s))
     send_at = np.cumsum(rng.exponential(1.0 / rate_rps, n))
     report = LoadReport(offered_rps=rate_rps)
+    report.expect(n)
     connector = aiohttp.TCPConnector(limit=max_connections)
-    timeout = aiohttp.ClientTimeout(total=30)
+    timeout = aiohttp.ClientTimeout(total=timeout_s)
     with frozen_heap():
         async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
-            await _schedule(session, url, make_payload, send_at, report)
+            await _schedule(session, url, make_payload, send_at, report, headers)
     return report

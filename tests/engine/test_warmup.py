@@ -146,3 +146,31 @@ def test_ready_is_503_until_the_warm_up_has_run(small_store: Path, small_ckpt: P
         gate.event.set()
         server.should_exit = True
         thread.join(30)
+
+
+def test_warm_up_off_is_ready_at_once_without_running_the_model(
+    small_store: Path, small_ckpt: Path
+) -> None:
+    """compute.warm_up = False (``--no-warm-up``): warm at once, no forward before a request."""
+    config = ServeConfig.load(
+        None,
+        **{"store.path": str(small_store), "model_path": str(small_ckpt), "compute.warm_up": False},
+    )
+    engine = build_engine(config)
+    forwards = []
+    runner = engine.runner
+
+    class Counting(_Gate):
+        def forward(self, batch):
+            forwards.append(batch)
+            return runner.forward(batch)
+
+    engine.runner = Counting(runner)  # type: ignore[assignment]
+    try:
+        assert not engine.warm
+        assert engine.warm_up() == {}
+        assert engine.warm and forwards == []
+        assert engine.predict([1, 2], timeout_s=30).values.shape == (2,)
+        assert len(forwards) == 1  # the counter sees real forwards
+    finally:
+        engine.stop()

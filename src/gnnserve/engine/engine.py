@@ -122,10 +122,11 @@ class Engine:
         warm, also when it failed (logged; requests report the same error).
 
         An explicit start-up step, after ``start``: the app runs it before it reports ready.
-        Returns the ms spent per step and in ``total``.
+        Returns the ms spent per step and in ``total`` (nothing when ``compute.warm_up`` is off:
+        the engine then counts as warm at once).
         """
         try:
-            return warm_up_engine(self)
+            return warm_up_engine(self) if self.config.compute.warm_up else {}
         finally:
             self._warm.set()
 
