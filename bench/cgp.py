@@ -38,10 +38,10 @@ import torch
 import gnnserve  # noqa: F401  (first: sets the OpenMP wait policy)
 from common import DATASETS, RESULTS, Targets, save_figure, write_results
 from gnnserve.deploy.cgp import CGPService
-from gnnserve.embeddings.srpe import NewNodeInference
 from gnnserve.graph import open_graph_store
 from gnnserve.models.checkpoint import save_checkpoint
 from gnnserve.models.zoo import GNN, ModelConfig
+from gnnserve.newnodes.inference import NewNodeInference
 from gnnserve.types import NewNodes
 from srpe_protocol import (
     EPOCHS,

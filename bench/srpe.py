@@ -27,8 +27,8 @@ import numpy as np
 import torch
 
 from common import DATASETS, RESULTS, Targets, require_baseline, save_figure, write_results
-from gnnserve.embeddings.result import DEFAULT_GAMMA
-from gnnserve.embeddings.srpe import NewNodeInference
+from gnnserve.newnodes.inference import NewNodeInference
+from gnnserve.newnodes.result import DEFAULT_GAMMA
 from gnnserve.types import NewNodes
 from srpe_protocol import EPOCHS, MODELS, Workload, embeddings_for, query_batches, split, trained
 

@@ -52,8 +52,8 @@ def test_embeddings_defaults_and_choices_match_the_registries() -> None:
     from typing import get_args
 
     from gnnserve.config import NewNodeMode, NewNodePolicy
-    from gnnserve.embeddings.policies import POLICIES
-    from gnnserve.embeddings.srpe import MODES
+    from gnnserve.newnodes.inference import MODES
+    from gnnserve.newnodes.policies import POLICIES
 
     emb = ServeConfig.load(None).embeddings
     assert (emb.path, emb.backend, emb.mode, emb.gamma) == ("", "memory", "srpe", 0.1)

@@ -85,7 +85,7 @@ class AdmissionConfig(_Strict):
     service_halflife: float = Field(16.0, gt=0)
 
 
-NewNodeMode = Literal["srpe", "full", "ns", "pe"]  # gnnserve.embeddings.srpe.MODES
+NewNodeMode = Literal["srpe", "full", "ns", "pe"]  # gnnserve.newnodes.inference.MODES
 NewNodePolicy = Literal["query_edges_ratio", "importance", "random", "oracle"]  # policies.POLICIES
 
 

@@ -15,8 +15,6 @@ import pytest
 import torch
 
 from gnnserve.config import ServeConfig
-from gnnserve.embeddings.newnodes import parse_new_nodes
-from gnnserve.embeddings.srpe import NewNodeInference, NewNodeResult
 from gnnserve.embeddings.stores import default_embeddings_dir, open_embeddings
 from gnnserve.engine.engine import Engine
 from gnnserve.engine.loader import build_engine
@@ -32,6 +30,8 @@ from gnnserve.errors import (
 from gnnserve.features import open_feature_store
 from gnnserve.graph import open_graph_store
 from gnnserve.models.checkpoint import load_checkpoint
+from gnnserve.newnodes.inference import NewNodeInference, NewNodeResult
+from gnnserve.newnodes.parse import parse_new_nodes
 from tests.conftest import write_embeddings
 
 FEATURES = np.random.default_rng(3).standard_normal((3, 16)).astype(np.float32).tolist()

@@ -108,7 +108,7 @@ def test_ready_server_compiles_nothing_for_its_requests(
     for kernel in ("draw_serial", "draw_parallel", "relabel", "unique_seeds"):
         assert first["ready"][_K + kernel], kernel
     assert first["ready"]["gnnserve.features.stores._gather_serial"]
-    assert first["ready"]["gnnserve.embeddings.plan._gather"]  # the new-node (SRPE) plan
+    assert first["ready"]["gnnserve.newnodes.plan._gather"]  # the new-node (SRPE) plan
     assert second["ready"]["gnnserve.sampling.presample_kernels.assemble"]
 
 

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from gnnserve.config import SamplerConfig
-from gnnserve.embeddings.result import check_run_options
 from gnnserve.errors import InvalidInputError
 from gnnserve.graph import open_graph_store
+from gnnserve.newnodes.result import check_run_options
 from gnnserve.sampling import sampler
 from gnnserve.sampling.sampler import MAX_FANOUT, check_fanouts
 

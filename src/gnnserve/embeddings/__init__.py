@@ -1,1 +1,2 @@
-"""Precomputed layer embeddings (PEs) and selective recomputation for new-node queries (OMEGA)."""
+"""Precomputed layer embeddings (PEs): their stores and their precomputation (layer-wise
+full-graph inference). New-node inference that reads them lives in :mod:`gnnserve.newnodes`."""

@@ -29,6 +29,7 @@ from gnnserve.config import AdmissionConfig
 from gnnserve.engine.delay import Backlog, Calibration, Prediction
 from gnnserve.errors import InvalidInputError, OverloadedError, ShuttingDownError, TooManyNodesError
 from gnnserve.graph.base import GraphStore
+from gnnserve.newnodes.parse import parse_output
 from gnnserve.types import InferenceRequest, InferenceResult, OutputKind
 
 TIMEOUT_HEADER = "X-Timeout-Ms"
@@ -89,17 +90,6 @@ class Ticket:
 
     request: InferenceRequest  # what was asked
     future: Future[InferenceResult] = field(default_factory=Future)  # resolved by the engine
-
-
-def parse_output(output: str | OutputKind) -> OutputKind:
-    """OutputKind from its name; unknown names raise InvalidInputError naming ``output``."""
-    try:
-        return OutputKind(output)
-    except ValueError:
-        kinds = [k.value for k in OutputKind]
-        raise InvalidInputError(
-            f"unknown output {output!r}; choose one of {kinds}", "output"
-        ) from None
 
 
 class Admission:

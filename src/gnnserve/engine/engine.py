@@ -1,7 +1,7 @@
 """Engine: admission -> batcher -> sample -> fetch -> compute, with per-request futures.
 
 Requests for new nodes (features and edges the graph does not hold) take their own path, see
-:mod:`gnnserve.engine.newnodes`.
+:mod:`gnnserve.newnodes.service`.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from gnnserve.config import ServeConfig
 from gnnserve.embeddings.base import EmbeddingStore
 from gnnserve.engine.admission import Admission
 from gnnserve.engine.batcher import STOP, Batch, Batcher, drop_expired
-from gnnserve.engine.newnodes import NewNodePrediction, NewNodeService
+from gnnserve.engine.delay import Backlog
 from gnnserve.engine.pipeline import Stage, fail_batch
 from gnnserve.engine.planner import Planner
 from gnnserve.engine.warmup import warm_up_engine
@@ -29,6 +29,7 @@ from gnnserve.features.base import FeatureStore
 from gnnserve.graph.base import GraphStore
 from gnnserve.graph.dynamic_store import DynamicStore, UpdateResult
 from gnnserve.models.runner import ModelRunner
+from gnnserve.newnodes.service import NewNodePrediction, NewNodeService
 from gnnserve.types import InferenceResult, MiniBatch, OutputKind, StageTimings
 
 log = logging.getLogger(__name__)
@@ -73,7 +74,17 @@ class Engine:
         self._threads: list[threading.Thread] = []
         self._started = False
         self._warm = threading.Event()  # set by warm_up: the server reports ready after it
-        self.new_nodes = NewNodeService(self, embeddings, embeddings_error)
+        self.new_nodes = NewNodeService(
+            runner,
+            graph,
+            features,
+            embeddings,
+            self.admission,
+            Backlog(None, self.config.admission.service_halflife),  # one request per run
+            self.config.embeddings,
+            reads=graph,
+            unavailable=embeddings_error,
+        )
 
     # lifecycle -------------------------------------------------------------------------------
     def start(self) -> Engine:

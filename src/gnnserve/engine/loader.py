@@ -15,7 +15,6 @@ from gnnserve.data.layout import verify_checksum
 from gnnserve.embeddings.base import EmbeddingStore
 from gnnserve.embeddings.stores import default_embeddings_dir, open_embeddings
 from gnnserve.engine.engine import Engine
-from gnnserve.engine.newnodes import check_embeddings
 from gnnserve.errors import (
     GnnServeError,
     InvalidInputError,
@@ -29,6 +28,7 @@ from gnnserve.graph.base import GraphStore
 from gnnserve.graph.dynamic_store import DynamicStore
 from gnnserve.models.checkpoint import load_checkpoint
 from gnnserve.models.runner import ModelRunner
+from gnnserve.newnodes.service import check_embeddings
 
 log = logging.getLogger(__name__)
 

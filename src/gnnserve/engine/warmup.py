@@ -30,9 +30,9 @@ from typing import TYPE_CHECKING, TypeVar
 import numpy as np
 import torch
 
-from gnnserve.embeddings.newnodes import parse_new_nodes
 from gnnserve.errors import GnnServeError
 from gnnserve.features.stores import _PARALLEL_ROWS
+from gnnserve.newnodes.parse import parse_new_nodes
 from gnnserve.sampling.sampler import NeighborSampler
 from gnnserve.types import MiniBatch, OutputKind
 

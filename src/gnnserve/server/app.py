@@ -22,8 +22,8 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gnnserve.engine.engine import Engine
-from gnnserve.engine.newnodes import NewNodePrediction
 from gnnserve.errors import GnnServeError, InvalidInputError, UnknownModelError
+from gnnserve.newnodes.service import NewNodePrediction
 from gnnserve.server import oip
 from gnnserve.server.auth import ApiKeys, RequireApiKey
 from gnnserve.server.counting import CountRequests, RequestCounts

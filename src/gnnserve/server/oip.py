@@ -18,8 +18,8 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
 from gnnserve.engine.engine import Engine
-from gnnserve.engine.newnodes import NewNodePrediction
 from gnnserve.errors import InvalidInputError, UnknownModelError
+from gnnserve.newnodes.service import NewNodePrediction
 from gnnserve.server.limits import echo
 from gnnserve.server.metrics import ServerMetrics
 from gnnserve.server.schemas import InferRequest, InferResponse, InferTensor

@@ -21,13 +21,13 @@ from gnnserve.data.generators import sbm
 from gnnserve.data.writer import GraphData, write_store
 from gnnserve.deploy.cgp import CGPResult, CGPService
 from gnnserve.deploy.cgp.rows import encode_rows
-from gnnserve.embeddings.newnodes import parse_new_nodes
 from gnnserve.embeddings.precompute import precompute_embeddings
-from gnnserve.embeddings.srpe import NewNodeInference
 from gnnserve.errors import InvalidInputError
 from gnnserve.features import FeatureStore, open_feature_store
 from gnnserve.graph import GraphStore, open_graph_store
 from gnnserve.models.zoo import GNN, ModelConfig
+from gnnserve.newnodes.inference import NewNodeInference
+from gnnserve.newnodes.parse import parse_new_nodes
 from gnnserve.types import NewNodes
 
 pytestmark = pytest.mark.distributed

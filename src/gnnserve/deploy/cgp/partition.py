@@ -24,9 +24,9 @@ import torch
 
 from gnnserve.deploy.cgp.rows import EncodedRows, encode_rows, nonzeros
 from gnnserve.embeddings.base import EmbeddingStore
-from gnnserve.embeddings.overlay import request_in_edges
 from gnnserve.features.base import FeatureStore
 from gnnserve.graph.base import GraphStore
+from gnnserve.newnodes.overlay import request_in_edges
 from gnnserve.types import NewNodes
 
 __all__ = ["Partition", "RequestPart", "build_partitions", "owner", "owned_ids", "split_request"]

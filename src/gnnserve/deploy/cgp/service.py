@@ -30,12 +30,12 @@ from gnnserve.deploy.cgp.partition import build_partitions, split_request
 from gnnserve.deploy.cgp.worker import CGPWorker, RunSpec, WorkerOutput
 from gnnserve.deploy.dgs.service import start_ray
 from gnnserve.embeddings.base import EmbeddingStore, check_importance, check_serving_stores
-from gnnserve.embeddings.newnodes import check_new_nodes
-from gnnserve.embeddings.policies import DEFAULT_POLICY, importance_scores
-from gnnserve.embeddings.result import check_run_options
 from gnnserve.errors import InvalidInputError
 from gnnserve.features.base import FeatureStore
 from gnnserve.graph.base import GraphStore
+from gnnserve.newnodes.parse import check_new_nodes
+from gnnserve.newnodes.policies import DEFAULT_POLICY, importance_scores
+from gnnserve.newnodes.result import check_run_options
 from gnnserve.types import NewNodes
 
 if TYPE_CHECKING:  # the workers import this module: keep torch_geometric out of them

@@ -59,7 +59,7 @@ from gnnserve.deploy.cgp.layers import (
 )
 from gnnserve.deploy.cgp.partition import Partition, RequestPart, owner
 from gnnserve.deploy.cgp.rows import encoded_nbytes
-from gnnserve.embeddings.policies import (
+from gnnserve.newnodes.policies import (
     POLICIES,
     Candidates,
     PolicyInputs,

@@ -22,12 +22,12 @@ from torch_geometric.nn.conv.gcn_conv import gcn_norm
 
 from gnnserve.data.writer import GraphData, write_store
 from gnnserve.embeddings.base import ArrayEmbeddings, EmbeddingMeta
-from gnnserve.embeddings.newnodes import parse_new_nodes
-from gnnserve.embeddings.srpe import NewNodeInference, default_fanouts
 from gnnserve.errors import InvalidInputError
 from gnnserve.features import open_feature_store
 from gnnserve.graph import GraphStore, open_graph_store
 from gnnserve.models.zoo import GNN, ModelConfig
+from gnnserve.newnodes.inference import NewNodeInference, default_fanouts
+from gnnserve.newnodes.parse import parse_new_nodes
 from gnnserve.types import NewNodes
 from tests.conftest import random_simple_graph
 from tests.embeddings.reference import layer_outputs, request_edges, srpe_graph

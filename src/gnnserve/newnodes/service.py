@@ -1,11 +1,17 @@
-"""New-node requests (OMEGA) in the engine: checked at submit, run on one worker thread.
+"""The serving path of new-node requests (OMEGA): checked at submit, run on one worker thread.
 
 A request carries nodes the graph does not hold (features and edges). It is validated when
-submitted (typed errors, nothing queued), admitted under the same in-flight bound as every other
-request, then answered by :class:`~gnnserve.embeddings.srpe.NewNodeInference` on a dedicated
-thread while it holds the graph's read lock. Precomputed embeddings (PEs) are re-checked against
-the graph version under that lock: once the store has changed they are stale and the request is
-refused (409), never answered from stale PEs.
+submitted (typed errors, nothing queued), admitted under the admission shared with every other
+request (in-flight bound, predicted delay, deadline), then answered by
+:class:`~gnnserve.newnodes.inference.NewNodeInference` on a dedicated thread while it holds the
+graph's read lock. Precomputed embeddings (PEs) are re-checked against the graph version under
+that lock: once the store has changed they are stale and the request is refused (409), never
+answered from stale PEs.
+
+:class:`NewNodeService` receives its collaborators (model runner, graph, features, PEs, the
+shared admission and this queue's backlog); the engine builds it. It sits below the engine and
+imports nothing from it: what it needs of admission and of the backlog is written down as the
+protocols :class:`SharedAdmission` and :class:`WorkBacklog`.
 """
 
 from __future__ import annotations
@@ -16,17 +22,13 @@ import threading
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 
+from gnnserve.config import AdmissionConfig, EmbeddingsConfig
 from gnnserve.embeddings.base import EmbeddingStore
-from gnnserve.embeddings.newnodes import parse_new_nodes
-from gnnserve.embeddings.result import RunOptions, check_run_options
-from gnnserve.embeddings.srpe import MODES, NewNodeInference
-from gnnserve.engine.admission import parse_output
-from gnnserve.engine.delay import Backlog
 from gnnserve.errors import (
     DeadlineExceededError,
     GnnServeError,
@@ -35,12 +37,13 @@ from gnnserve.errors import (
     ShuttingDownError,
     StaleEmbeddingsError,
 )
+from gnnserve.features.base import FeatureStore
 from gnnserve.graph.base import GraphStore
 from gnnserve.models.runner import ModelRunner
+from gnnserve.newnodes.inference import MODES, NewNodeInference
+from gnnserve.newnodes.parse import parse_new_nodes, parse_output
+from gnnserve.newnodes.result import RunOptions, check_run_options
 from gnnserve.types import InferenceResult, NewNodes, OutputKind, StageTimings
-
-if TYPE_CHECKING:
-    from gnnserve.engine.engine import Engine
 
 log = logging.getLogger(__name__)
 
@@ -126,32 +129,92 @@ def _used(mode: str, options: RunOptions) -> tuple[float | None, str | None]:
     return (0.0, None) if mode == "pe" else (None, None)
 
 
-class NewNodeService:
-    """The new-node path of an :class:`~gnnserve.engine.engine.Engine`.
+class WorkBacklog(Protocol):
+    """What the service reports of its queue to admission's delay prediction (units: new nodes;
+    one request per run). ``gnnserve.engine.delay.Backlog(None, halflife)`` implements it."""
 
-    ``embeddings`` are the PEs (checked at start-up); when None, every request is refused with
-    ``unavailable`` (409). The :class:`NewNodeInference` is built on first use from the engine's
-    current model, graph and features.
+    def enqueue(self, units: int) -> None:
+        """A request of ``units`` was admitted to the queue."""
+
+    def dequeue(self, units: int) -> None:
+        """A queued request left without running (cancelled)."""
+
+    def started(self, units: int, requests: int, formed_s: float) -> int:
+        """Queued work began to run at ``formed_s`` (perf_counter seconds); returns a token."""
+
+    def finished(self, token: int, done_s: float, ok: bool = True) -> None:
+        """Run ``token`` ended at ``done_s``; a successful one trains the prediction."""
+
+
+class SharedAdmission(Protocol):
+    """The admission the service shares with the engine (``gnnserve.engine.admission.Admission``):
+    one in-flight bound, one id sequence, deadlines and shutdown for every kind of request."""
+
+    config: AdmissionConfig
+
+    @property
+    def closed(self) -> bool:
+        """True once shutdown began."""
+
+    def deadline(self, now: float) -> float:
+        """perf_counter() deadline of a request admitted at ``now``."""
+
+    def reserve(self, future: Future[Any], backlog: Any, units: int, deadline: float) -> None:
+        """Count ``future`` in flight until done, or raise OverloadedError / ShuttingDownError."""
+
+    def next_id(self) -> int:
+        """A fresh request id."""
+
+
+class ReadLock(Protocol):
+    """Pins the graph's content while a request reads it (the graph itself, or its read view)."""
+
+    def acquire_read(self) -> str:
+        """Pin the current version; returns it."""
+
+    def release_read(self) -> None:
+        """End a read started with ``acquire_read``."""
+
+
+class NewNodeService:
+    """Queue and worker thread answering new-node requests with :class:`NewNodeInference`.
+
+    ``runner`` holds the served model and its version, ``graph`` / ``features`` the stored graph
+    (``reads`` pins its content per request; default the graph itself), ``embeddings`` the PEs
+    (checked at start-up); when None, every request is refused with ``unavailable`` (409).
+    ``admission`` is shared with the existing-node path; ``backlog`` accounts for this queue in
+    its delay predictions. ``config`` gives the default mode, gamma and policy and the limit on
+    new nodes per request. The :class:`NewNodeInference` is built on first use.
     """
 
     def __init__(
         self,
-        engine: Engine,
+        runner: ModelRunner,
+        graph: GraphStore,
+        features: FeatureStore,
         embeddings: EmbeddingStore | None,
+        admission: SharedAdmission,
+        backlog: WorkBacklog,
+        config: EmbeddingsConfig,
+        *,
+        reads: ReadLock | None = None,
         unavailable: GnnServeError | None = None,
     ) -> None:
-        self.engine = engine
-        self.config = engine.config.embeddings
+        self.runner = runner
+        self.graph = graph
+        self.features = features
         self.embeddings = embeddings
+        self.admission = admission
+        self.backlog = backlog
+        self.config = config
+        self.reads: ReadLock = graph if reads is None else reads
         self.unavailable = unavailable
-        bound = engine.config.admission.max_queue_requests + 1  # admission bounds it; +1: STOP
+        bound = admission.config.max_queue_requests + 1  # admission bounds it; +1: STOP
         self._queue: queue.Queue[object] = queue.Queue(bound)
         self._lock = threading.Lock()  # admit + enqueue vs. stop: nothing lands after STOP
         self._inference: NewNodeInference | None = None
         self._inference_lock = threading.Lock()
         self._thread: threading.Thread | None = None
-        # admission's account of this queue: one request per run, units = new nodes
-        self.backlog = Backlog(None, engine.config.admission.service_halflife)
 
     # lifecycle -------------------------------------------------------------------------------
     def start(self) -> None:
@@ -176,13 +239,11 @@ class NewNodeService:
         """The single-process new-node engine over the served model, graph, features and PEs."""
         with self._inference_lock:
             if self._inference is None:
-                pes = self._pes()
-                e = self.engine
                 self._inference = NewNodeInference(
-                    e.runner.model,
-                    e.graph,
-                    e.features,
-                    pes,
+                    self.runner.model,
+                    self.graph,
+                    self.features,
+                    self._pes(),
                     max_new_nodes=self.config.max_new_nodes,
                 )
             return self._inference
@@ -206,8 +267,8 @@ class NewNodeService:
         StaleEmbeddingsError (no usable PEs), InvalidInputError / TooManyNodesError naming the
         field, OverloadedError (admission bound reached).
         """
-        e, cfg = self.engine, self.config
-        if e.admission.closed:
+        cfg, admission = self.config, self.admission
+        if admission.closed:
             raise ShuttingDownError("server is shutting down")
         pes = self._pes()
         kind = parse_output(output)
@@ -219,24 +280,24 @@ class NewNodeService:
             cfg.policy if policy is None else policy,
             fanouts,
             seed,
-            int(e.runner.model.config.num_layers),
+            int(self.runner.model.config.num_layers),
         )
         new = parse_new_nodes(
             features,
             edges,
             new_edges,
-            num_nodes=e.graph.num_nodes,
-            feature_dim=e.features.dim,
+            num_nodes=self.graph.num_nodes,
+            feature_dim=self.features.dim,
             max_new_nodes=cfg.max_new_nodes,
         )
-        check_embeddings(pes, e.runner.version, e.graph)  # early answer; re-checked when run
+        check_embeddings(pes, self.runner.version, self.graph)  # early answer; re-checked when run
         future: Future[NewNodePrediction] = Future()
         with self._lock:
             now = time.perf_counter()
-            deadline = e.admission.deadline(now)
-            e.admission.reserve(future, self.backlog, new.count, deadline)
+            deadline = admission.deadline(now)
+            admission.reserve(future, self.backlog, new.count, deadline)
             self.backlog.enqueue(new.count)
-            request = NewNodeRequest(new, kind, mode, options, e.admission.next_id(), now, deadline)
+            request = NewNodeRequest(new, kind, mode, options, admission.next_id(), now, deadline)
             self._queue.put((request, future))
         return future
 
@@ -276,29 +337,27 @@ class NewNodeService:
 
     def _warm_up(self) -> None:
         """Build the overlay and importance scores before the first request needs them."""
-        graph = self.engine.graph
-        graph.acquire_read()  # a mutable store must not change while its copy is taken
+        self.reads.acquire_read()  # a mutable store must not change while its copy is taken
         try:
             _ = self.inference().importance
         except Exception:  # noqa: BLE001 - requests will report the same error
             log.exception("could not prepare new-node inference")
         finally:
-            graph.release_read()
+            self.reads.release_read()
 
     def _run(self, request: NewNodeRequest) -> NewNodePrediction:
         start = time.perf_counter()
         if start > request.deadline_s:
             raise DeadlineExceededError("request expired in the queue")
-        e, opts = self.engine, request.options
-        runner, graph = e.runner, e.graph
-        graph_version = graph.acquire_read()
+        opts, runner = request.options, self.runner
+        graph_version = self.reads.acquire_read()
         try:
-            check_embeddings(self._pes(), runner.version, graph)
+            check_embeddings(self._pes(), runner.version, self.graph)
             out = self.inference().run(
                 request.new, request.mode, opts.gamma, opts.policy, opts.fanouts, opts.seed
             )
         finally:
-            graph.release_read()
+            self.reads.release_read()
         logits, embedding = out.logits.cpu(), out.embedding.cpu()
         m = request.new.count
         values = runner.shape_output(request.output, logits, embedding, np.arange(m))

@@ -1,4 +1,4 @@
-"""Options and results of a new-node request (see :mod:`gnnserve.embeddings.srpe`)."""
+"""Options and results of a new-node request (see :mod:`gnnserve.newnodes.inference`)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import torch
 
-from gnnserve.embeddings.policies import POLICIES, check_gamma
 from gnnserve.errors import InvalidInputError
+from gnnserve.newnodes.policies import POLICIES, check_gamma
 from gnnserve.sampling.sampler import check_fanouts
 
 DEFAULT_MODE = "srpe"

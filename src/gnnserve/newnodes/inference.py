@@ -23,10 +23,14 @@ import numpy as np
 import torch
 
 from gnnserve.embeddings.base import EmbeddingStore, check_importance, check_serving_stores
-from gnnserve.embeddings.newnodes import check_new_nodes
-from gnnserve.embeddings.overlay import AdjacencyOverlay, OverlayView
-from gnnserve.embeddings.plan import SrpePlan, block_to, build_srpe_plan, srpe_forward
-from gnnserve.embeddings.policies import (
+from gnnserve.errors import InvalidInputError
+from gnnserve.features.base import FeatureStore
+from gnnserve.graph.base import GraphStore
+from gnnserve.models.zoo import GNN
+from gnnserve.newnodes.overlay import AdjacencyOverlay, OverlayView
+from gnnserve.newnodes.parse import check_new_nodes
+from gnnserve.newnodes.plan import SrpePlan, block_to, build_srpe_plan, srpe_forward
+from gnnserve.newnodes.policies import (
     DEFAULT_POLICY,
     Candidates,
     PolicyInputs,
@@ -34,7 +38,7 @@ from gnnserve.embeddings.policies import (
     importance_scores,
     select_targets,
 )
-from gnnserve.embeddings.result import (
+from gnnserve.newnodes.result import (
     DEFAULT_GAMMA,
     DEFAULT_MODE,
     NewNodeResult,
@@ -44,10 +48,6 @@ from gnnserve.embeddings.result import (
     check_run_options,
     default_fanouts,
 )
-from gnnserve.errors import InvalidInputError
-from gnnserve.features.base import FeatureStore
-from gnnserve.graph.base import GraphStore
-from gnnserve.models.zoo import GNN
 from gnnserve.registry import Registry
 from gnnserve.sampling import kernels
 from gnnserve.sampling.sampler import to_subgraph

@@ -13,12 +13,12 @@ import pytest
 import torch
 
 from gnnserve.data.writer import GraphData, write_store
-from gnnserve.embeddings.newnodes import parse_new_nodes
 from gnnserve.embeddings.precompute import precompute_embeddings
-from gnnserve.embeddings.srpe import NewNodeInference
 from gnnserve.features import open_feature_store
 from gnnserve.graph import open_graph_store
 from gnnserve.models.zoo import GNN, ModelConfig
+from gnnserve.newnodes.inference import NewNodeInference
+from gnnserve.newnodes.parse import parse_new_nodes
 from tests.conftest import random_simple_graph
 
 pytestmark = [

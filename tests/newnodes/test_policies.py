@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from gnnserve.data.writer import GraphData, write_store
-from gnnserve.embeddings.policies import (
+from gnnserve.errors import InvalidInputError
+from gnnserve.newnodes.policies import (
     Candidates,
     PolicyInputs,
     budget,
@@ -19,9 +20,8 @@ from gnnserve.embeddings.policies import (
     importance_scores,
     select_targets,
 )
-from gnnserve.errors import InvalidInputError
 from tests.embeddings.reference import layer_outputs, srpe_graph
-from tests.embeddings.test_srpe import N, build, request, stored_graph
+from tests.newnodes.test_inference import N, build, request, stored_graph
 
 
 def brute_budget(gamma: float, count: int) -> int:
