@@ -99,7 +99,7 @@ def _serve_arguments(p: argparse.ArgumentParser) -> None:
 def serve_config(args: argparse.Namespace) -> ServeConfig:
     """The ServeConfig of ``gnnserve serve``: ``--config`` YAML, then the flags given."""
     from gnnserve.config import ServeConfig
-    from gnnserve.sampling.sampler import parse_fanouts
+    from gnnserve.fanouts import parse_fanouts
 
     return ServeConfig.load(
         args.config,

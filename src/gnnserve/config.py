@@ -9,6 +9,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from gnnserve.errors import InvalidInputError
+from gnnserve.fanouts import check_fanouts
 
 
 class _Strict(BaseModel):
@@ -41,8 +42,6 @@ class SamplerConfig(_Strict):
     @field_validator("fanouts")
     @classmethod
     def _fanouts(cls, v: list[int]) -> list[int]:
-        from gnnserve.sampling.sampler import check_fanouts  # the one check (imports numba)
-
         return check_fanouts(v)
 
 

@@ -10,6 +10,7 @@ from scipy import stats
 
 from gnnserve.data.writer import GraphData, write_store
 from gnnserve.errors import InvalidInputError
+from gnnserve.fanouts import MAX_FANOUT
 from gnnserve.graph import open_graph_store
 from gnnserve.sampling import NeighborSampler
 from tests.sampling.checks import check_sample, edge_set
@@ -81,3 +82,9 @@ def test_bad_input_is_a_typed_error(small_store: Path, seeds, fanouts, field) ->
     with pytest.raises(InvalidInputError) as info:
         NeighborSampler(graph, fanouts).sample(seeds)
     assert info.value.field == field
+
+
+def test_size_bound_does_not_wrap_around_for_large_fanouts(small_store: Path) -> None:
+    """The sampler's per-seed size bound grows with the fanouts instead of overflowing int64."""
+    s = NeighborSampler(open_graph_store(small_store), [MAX_FANOUT] * 4)
+    assert s.expected_size(np.array([0])) >= float(MAX_FANOUT) ** 4

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from gnnserve.engine.loader import build_engine
-from gnnserve.sampling.sampler import MAX_FANOUT
+from gnnserve.fanouts import MAX_FANOUT
 from tests.engine.test_engine_newnodes import EDGES, FEATURES, NEW_EDGES, config
 from tests.server.conftest import serving
 

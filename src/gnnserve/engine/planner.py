@@ -13,10 +13,11 @@ import numpy as np
 
 from gnnserve.config import SamplerConfig
 from gnnserve.errors import InvalidInputError
+from gnnserve.fanouts import check_fanouts
 from gnnserve.graph.base import GraphStore
 from gnnserve.sampling.metrics import psgs
 from gnnserve.sampling.presample import PreSampler
-from gnnserve.sampling.sampler import NeighborSampler, check_fanouts
+from gnnserve.sampling.sampler import NeighborSampler
 from gnnserve.types import SampledSubgraph
 
 Fanouts = tuple[int, ...]

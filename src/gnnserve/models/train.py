@@ -25,12 +25,12 @@ from tqdm import tqdm
 
 from gnnserve.data import layout
 from gnnserve.errors import InvalidInputError
+from gnnserve.fanouts import check_fanouts, parse_fanouts
 from gnnserve.features import FeatureStore, open_feature_store
 from gnnserve.graph import open_graph_store
 from gnnserve.models.checkpoint import save_checkpoint
 from gnnserve.models.zoo import GNN, MODELS, ModelConfig
 from gnnserve.sampling import NeighborSampler
-from gnnserve.sampling.sampler import check_fanouts, parse_fanouts
 from gnnserve.types import Block
 
 log = logging.getLogger(__name__)

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
 import torch
 
 from gnnserve.errors import InvalidInputError
+from gnnserve.fanouts import check_fanouts
 from gnnserve.newnodes.policies import POLICIES, check_gamma
-from gnnserve.sampling.sampler import check_fanouts
 
 DEFAULT_MODE = "srpe"
 DEFAULT_GAMMA = 0.1
@@ -88,16 +87,7 @@ def check_run_options(
     if fanouts is None:
         fo = default_fanouts(num_layers)
     else:
-        if isinstance(fanouts, str | bytes) or not isinstance(fanouts, Sequence):
-            raise InvalidInputError("fanouts must be a list of ints", "fanouts")
-        try:
-            fo = tuple(check_fanouts(list(fanouts)))
-        except InvalidInputError:
-            raise
-        except (TypeError, ValueError) as exc:
-            raise InvalidInputError(f"fanouts must be ints: {exc}", "fanouts") from None
-        if len(fo) != num_layers:
-            raise InvalidInputError(f"{len(fo)} fanouts for a {num_layers}-layer model", "fanouts")
+        fo = tuple(check_fanouts(fanouts, hops=num_layers))
     if isinstance(seed, bool) or not isinstance(seed, int | np.integer):
         raise InvalidInputError(f"seed must be an int, got {seed!r}", "seed")
     return RunOptions(g, policy, fo, int(seed))

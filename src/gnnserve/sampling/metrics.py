@@ -12,8 +12,8 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse as sp
 
+from gnnserve.fanouts import check_fanouts
 from gnnserve.graph.base import GraphStore
-from gnnserve.sampling.sampler import check_fanouts
 
 
 def psgs(graph: GraphStore, fanouts: list[int]) -> np.ndarray:

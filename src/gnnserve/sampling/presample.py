@@ -46,8 +46,8 @@ import numpy as np
 
 from gnnserve.data.validate import check_node_ids
 from gnnserve.errors import InvalidInputError
+from gnnserve.fanouts import check_fanouts
 from gnnserve.sampling import presample_kernels as pk
-from gnnserve.sampling import sampler
 from gnnserve.sampling.sampler import to_subgraph
 from gnnserve.types import SampledSubgraph
 
@@ -56,14 +56,6 @@ INSERT, DELETE = pk.INSERT, pk.DELETE
 CHANGE_COLUMNS = ("query", "vertex", "added", "removed")  # rows returned by the updates; -1 = none
 _MASK = 2**64 - 1
 _IDENTITY = np.empty(0, dtype=np.int64)  # row_of for tables whose row = vertex id
-
-
-def check_fanouts(fanouts: list[int]) -> list[int]:
-    """A non-empty list of positive ints (pre-sampling has no "all neighbours" -1)."""
-    checked = sampler.check_fanouts(fanouts)
-    if -1 in checked:
-        raise InvalidInputError("pre-sampling fanout -1 invalid: use ints > 0", "fanouts")
-    return checked
 
 
 def check_csr(indptr: np.ndarray, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -188,7 +180,7 @@ class PreSampler:
     def __init__(
         self, indptr: np.ndarray, indices: np.ndarray, fanouts: list[int], seed: int = 0
     ) -> None:
-        self.fanouts = check_fanouts(fanouts)
+        self.fanouts = check_fanouts(fanouts, allow_all=False)  # a reservoir holds no "all"
         self.queries = list(dict.fromkeys(self.fanouts))  # distinct fanouts, first-seen order
         self.hop_query = np.array([self.queries.index(f) for f in self.fanouts], dtype=np.int64)
         indptr, indices = check_csr(indptr, indices)

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Sequence
 
 import numpy as np
 import torch
 
 from gnnserve.errors import InvalidInputError
+from gnnserve.fanouts import check_fanouts
 from gnnserve.graph.base import GraphStore
 from gnnserve.sampling import kernels
 from gnnserve.types import Block, SampledSubgraph
@@ -17,52 +17,6 @@ from gnnserve.types import Block, SampledSubgraph
 # Sampled edges per hop above which the parallel kernel beats the inline one (2-core machine;
 # measured with bench/sampling.py). Below it thread start-up costs more than it saves.
 DEFAULT_PARALLEL_THRESHOLD = 65536
-
-
-# Largest per-hop fanout accepted anywhere (config, requests, training). Above it a fanout only
-# means "every neighbour" on graphs whose degrees stay below it: ask for that with -1. The bound
-# keeps per-hop arithmetic (int64 edge counts, products of fanouts) far from overflow.
-MAX_FANOUT = 1_000_000
-
-
-def check_fanouts(fanouts: object) -> list[int]:
-    """Validated fanouts as a list of Python ints: one per hop, each in 1..MAX_FANOUT or -1.
-
-    Every path that takes fanouts (server config, /v1/predict, OIP parameters, new-node mode
-    ``ns``, samplers, training) checks them here. InvalidInputError naming ``fanouts`` otherwise.
-    """
-    if isinstance(fanouts, str | bytes) or not isinstance(fanouts, Sequence | np.ndarray):
-        raise InvalidInputError("fanouts must be a list of ints, one per hop", "fanouts")
-    if len(fanouts) == 0:
-        raise InvalidInputError("fanouts must list at least one hop", "fanouts")
-    out = []
-    for f in fanouts:
-        if isinstance(f, bool) or not isinstance(f, int | np.integer):
-            raise InvalidInputError(f"fanouts must be ints, got {_short(f)}", "fanouts")
-        if not (1 <= f <= MAX_FANOUT or f == -1):
-            raise InvalidInputError(
-                f"fanout {_short(f)} invalid: use an int in 1..{MAX_FANOUT} or -1 (all)",
-                "fanouts",
-            )
-        out.append(int(f))
-    return out
-
-
-def _short(value: object, limit: int = 32) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else f"{text[:limit]}..."
-
-
-def parse_fanouts(text: str | None, flag: str = "--fanouts") -> list[int] | None:
-    """Fanouts from a command-line string like ``"25,10"``; None passes through."""
-    if text is None:
-        return None
-    try:
-        return [int(f) for f in text.split(",")]
-    except ValueError:
-        raise InvalidInputError(
-            f"{flag} must be comma-separated ints, got {text!r}", "fanouts"
-        ) from None
 
 
 def to_subgraph(assembled: tuple, hops: int) -> SampledSubgraph:  # type: ignore[type-arg]

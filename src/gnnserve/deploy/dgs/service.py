@@ -45,8 +45,9 @@ from gnnserve.deploy.dgs.partition import KeyRanges, Modulo, split
 from gnnserve.deploy.dgs.sampling_worker import SamplingWorker
 from gnnserve.deploy.dgs.serving_worker import ServingWorker
 from gnnserve.errors import InvalidInputError
+from gnnserve.fanouts import check_fanouts
 from gnnserve.sampling import presample_kernels as pk
-from gnnserve.sampling.presample import DELETE, INSERT, check_csr, check_fanouts, to_subgraph
+from gnnserve.sampling.presample import DELETE, INSERT, check_csr, to_subgraph
 from gnnserve.types import SampledSubgraph
 
 _SamplingActor = ray.remote(num_cpus=0)(SamplingWorker)
