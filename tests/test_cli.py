@@ -10,12 +10,14 @@ import threading
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
 import pytest
 
-from gnnserve.cli import build_parser, main, serve_config
+from gnnserve.cli import SERVE_FLAGS, build_parser, config_field, main, serve_config
+from gnnserve.config import ServeConfig
 from gnnserve.demo import free_port, start_server, stop_server, wait_ready
 
 
@@ -144,6 +146,104 @@ def test_serve_flags_map_to_the_embeddings_config() -> None:
     assert (emb.backend, emb.max_new_nodes) == ("mmap", 7)
     defaults = serve_config(build_parser().parse_args(["serve"])).embeddings
     assert (defaults.path, defaults.gamma, defaults.mode) == ("", 0.1, "srpe")
+
+
+# The serve flags users know (README, scripts, tests): flag, a value given, the dotted
+# ServeConfig key it must set and the value expected there (None: a flag without a value).
+SERVE_FLAG_VALUES = [
+    ("--store", "s", "store.path", "s"),
+    ("--model", "m", "model_path", "m"),
+    ("--host", "0.0.0.0", "server.host", "0.0.0.0"),
+    ("--port", "9001", "server.port", 9001),
+    ("--name", "sage", "server.model_name", "sage"),
+    ("--fanouts", "7,-1", "sampler.fanouts", [7, -1]),
+    ("--graph-backend", "mmap", "store.graph_backend", "mmap"),
+    ("--feature-backend", "mmap", "store.feature_backend", "mmap"),
+    ("--max-batch-nodes", "64", "batcher.max_batch_nodes", 64),
+    ("--max-wait-ms", "2.5", "batcher.max_wait_ms", 2.5),
+    ("--max-queue", "17", "admission.max_queue_requests", 17),
+    ("--max-queue-delay-ms", "50", "admission.max_queue_delay_ms", 50.0),
+    ("--timeout-s", "1.5", "admission.timeout_s", 1.5),
+    ("--max-nodes", "9", "admission.max_nodes_per_request", 9),
+    ("--torch-threads", "2", "compute.torch_threads", 2),
+    ("--no-warm-up", None, "compute.warm_up", False),
+    ("--update-log", "u.log", "store.update_log", "u.log"),
+    ("--fsync", "never", "store.fsync", "never"),
+    ("--presample", None, "sampler.presample", True),
+    ("--embeddings", "pes", "embeddings.path", "pes"),
+    ("--embeddings-backend", "mmap", "embeddings.backend", "mmap"),
+    ("--new-node-mode", "ns", "embeddings.mode", "ns"),
+    ("--gamma", "0.25", "embeddings.gamma", 0.25),
+    ("--policy", "importance", "embeddings.policy", "importance"),
+    ("--max-new-nodes", "5", "embeddings.max_new_nodes", 5),
+    ("--max-body-bytes", "4096", "server.max_body_bytes", 4096),
+    ("--api-keys", "keys.txt", "server.api_keys", "keys.txt"),
+    ("--insecure", None, "server.insecure", True),
+    ("--deploy", "dgs", "deploy.mode", "dgs"),
+    ("--deploy-workers", "3", "deploy.workers", 3),
+    ("--deploy-threads", "4", "deploy.threads_per_worker", 4),
+]
+
+
+def _at(tree: dict[str, Any], dotted: str) -> tuple[dict[str, Any], str]:
+    *sections, leaf = dotted.split(".")
+    for name in sections:
+        tree = tree[name]
+    return tree, leaf
+
+
+@pytest.mark.parametrize(("flag", "value", "dotted", "want"), SERVE_FLAG_VALUES)
+def test_each_serve_flag_sets_its_config_field_only(flag, value, dotted, want) -> None:
+    argv = ["serve", flag] if value is None else ["serve", flag, value]
+    got = serve_config(build_parser().parse_args(argv)).model_dump()
+    expected = ServeConfig().model_dump()
+    section, leaf = _at(expected, dotted)
+    assert section[leaf] != want  # the value given is not the default
+    section[leaf] = want
+    assert got == expected
+    section, leaf = _at(got, dotted)
+    assert type(section[leaf]) is type(want)
+
+
+def test_every_flag_of_the_table_is_covered() -> None:
+    assert sorted(SERVE_FLAGS) == sorted((f, d) for f, _, d, _ in SERVE_FLAG_VALUES)
+
+
+def test_serve_help_lists_each_flag_once_with_its_field_description(capsys) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["serve", "--help"])
+    assert info.value.code == 0
+    text = capsys.readouterr().out
+    options = Counter(re.findall(r"^  (-[-\w]+)", text, flags=re.MULTILINE))
+    assert options == Counter(["-h", "--config"] + [flag for flag, _ in SERVE_FLAGS])
+    flat = " ".join(text.split())
+    for _, dotted in SERVE_FLAGS:
+        description = config_field(dotted).description
+        assert description and " ".join(description.split()) in flat
+
+
+def test_flags_not_given_leave_the_yaml_alone(tmp_path: Path) -> None:
+    path = tmp_path / "serve.yaml"
+    path.write_text("sampler: {fanouts: [5, 5]}\ncompute: {warm_up: false}\nserver: {port: 9000}\n")
+    config = serve_config(
+        build_parser().parse_args(["serve", "--config", str(path), "--port", "1"])
+    )
+    assert (config.sampler.fanouts, config.compute.warm_up, config.server.port) == (
+        [5, 5],
+        False,
+        1,
+    )
+
+
+def test_bad_flag_values_exit_2_naming_the_flag(capsys) -> None:
+    assert main(["serve", "--fanouts", "25;10"]) == 2
+    assert "--fanouts must be comma-separated ints" in capsys.readouterr().err
+    assert main(["serve", "--deploy-workers", "0"]) == 2
+    assert "deploy.workers" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as info:  # a Literal field offers its choices
+        main(["serve", "--policy", "best"])
+    assert info.value.code == 2
+    assert "query_edges_ratio" in capsys.readouterr().err
 
 
 def test_serve_rejects_bad_new_node_flags(capsys) -> None:

@@ -9,91 +9,120 @@ import logging
 import signal
 import sys
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from types import UnionType
+from typing import TYPE_CHECKING, Any, Literal, Union, cast, get_args, get_origin
 
 from gnnserve.errors import GnnServeError
 
 if TYPE_CHECKING:
+    from pydantic.fields import FieldInfo
+
     from gnnserve.config import ServeConfig
 
 
+# One row per ``gnnserve serve`` flag: (flag, dotted ServeConfig key). The type, choices, help
+# and default shown come from the config field (its annotation and ``Field(description=...)``),
+# so a flag is declared here once. A bool field gets ``--x`` (sets true) or ``--no-x`` (sets
+# false), a Literal its choices, ``list[int]`` a comma list like ``25,10``.
+SERVE_FLAGS: tuple[tuple[str, str], ...] = (
+    ("--store", "store.path"),
+    ("--model", "model_path"),
+    ("--host", "server.host"),
+    ("--port", "server.port"),
+    ("--name", "server.model_name"),
+    ("--fanouts", "sampler.fanouts"),
+    ("--graph-backend", "store.graph_backend"),
+    ("--feature-backend", "store.feature_backend"),
+    ("--max-batch-nodes", "batcher.max_batch_nodes"),
+    ("--max-wait-ms", "batcher.max_wait_ms"),
+    ("--max-queue", "admission.max_queue_requests"),
+    ("--max-queue-delay-ms", "admission.max_queue_delay_ms"),
+    ("--timeout-s", "admission.timeout_s"),
+    ("--max-nodes", "admission.max_nodes_per_request"),
+    ("--torch-threads", "compute.torch_threads"),
+    ("--no-warm-up", "compute.warm_up"),
+    ("--update-log", "store.update_log"),
+    ("--fsync", "store.fsync"),
+    ("--presample", "sampler.presample"),
+    ("--embeddings", "embeddings.path"),
+    ("--embeddings-backend", "embeddings.backend"),
+    ("--new-node-mode", "embeddings.mode"),
+    ("--gamma", "embeddings.gamma"),
+    ("--policy", "embeddings.policy"),
+    ("--max-new-nodes", "embeddings.max_new_nodes"),
+    ("--max-body-bytes", "server.max_body_bytes"),
+    ("--api-keys", "server.api_keys"),
+    ("--insecure", "server.insecure"),
+    ("--deploy", "deploy.mode"),
+    ("--deploy-workers", "deploy.workers"),
+    ("--deploy-threads", "deploy.threads_per_worker"),
+)
+
+
+def config_field(dotted: str) -> FieldInfo:
+    """The ServeConfig field at a dotted key such as ``"sampler.fanouts"``."""
+    from gnnserve.config import ServeConfig
+
+    model: Any = ServeConfig
+    *sections, leaf = dotted.split(".")
+    for name in sections:
+        model = model.model_fields[name].annotation  # a nested config section
+    return cast("FieldInfo", model.model_fields[leaf])
+
+
+def _flag_type(field: FieldInfo) -> Any:
+    """The field's annotation without ``| None`` (None is never typed on the command line)."""
+    kind = field.annotation
+    if get_origin(kind) in (Union, UnionType):
+        args = [a for a in get_args(kind) if a is not type(None)]
+        kind = args[0] if len(args) == 1 else kind
+    return kind
+
+
+def _dest(flag: str) -> str:
+    """The argparse attribute of a flag: ``--no-warm-up`` -> ``warm_up``."""
+    return flag[2:].removeprefix("no-").replace("-", "_")
+
+
+def flag_arguments(flag: str, dotted: str) -> dict[str, Any]:
+    """argparse keyword arguments of ``flag`` derived from the config field at ``dotted``.
+
+    Every default is None: a flag not given leaves the YAML (or the field's default) alone.
+    TypeError for a field the table cannot express (no description, unsupported type, a bool
+    flag that would set the field's own default).
+    """
+    field = config_field(dotted)
+    if not field.description:
+        raise TypeError(f"{flag}: config field {dotted} has no description for the help")
+    kind, default = _flag_type(field), field.get_default(call_default_factory=True)
+    kwargs: dict[str, Any] = {"dest": _dest(flag), "default": None}
+    text = field.description
+    if kind is bool:
+        off = flag.startswith("--no-")
+        if off != (default is True):
+            raise TypeError(f"{flag}: a bool flag sets the opposite of the default {default}")
+        kwargs["action"] = "store_false" if off else "store_true"
+        text = f"turn off {dotted}: {text}" if off else text
+    elif get_origin(kind) is Literal:
+        kwargs["choices"] = list(get_args(kind))
+    elif kind == list[int]:
+        kwargs["metavar"] = "N,N"  # parsed in serve_config, whose errors name the flag
+    elif kind in (int, float, str):
+        kwargs["type"] = kind
+    else:
+        raise TypeError(f"{flag}: no command-line form for {dotted}: {field.annotation}")
+    if isinstance(default, list):
+        default = ",".join(map(str, default))
+    if default not in (None, "") and kind is not bool:
+        text = f"{text}; default {default}"
+    kwargs["help"] = text.replace("%", "%%")
+    return kwargs
+
+
 def _serve_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--store", help="store directory (gnnserve prepare)")
-    p.add_argument("--model", help="checkpoint directory (gnnserve train)")
     p.add_argument("--config", help="YAML ServeConfig; flags override it")
-    p.add_argument("--host", default=None, help="bind address (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=None, help="port (default 8000; 0 = any free)")
-    p.add_argument("--name", default=None, help="model name in the API (default 'default')")
-    p.add_argument("--fanouts", default=None, help="per-hop fanouts, e.g. 25,10 (-1 = all)")
-    p.add_argument("--graph-backend", default=None, help="memory | mmap")
-    p.add_argument("--feature-backend", default=None, help="memory | mmap")
-    p.add_argument("--max-batch-nodes", type=int, default=None, help="seed nodes per batch")
-    p.add_argument("--max-wait-ms", type=float, default=None, help="batching wait (0 = greedy)")
-    p.add_argument("--max-queue", type=int, default=None, help="in-flight requests before 429")
-    p.add_argument(
-        "--max-queue-delay-ms",
-        type=float,
-        default=None,
-        help="429 when the work ahead of a request is predicted to take longer (default 200)",
-    )
-    p.add_argument("--timeout-s", type=float, default=None, help="request deadline (default 30)")
-    p.add_argument("--max-nodes", type=int, default=None, help="nodes per request before 413")
-    p.add_argument("--torch-threads", type=int, default=None, help="torch threads (default 1)")
-    p.add_argument(
-        "--no-warm-up",
-        dest="warm_up",
-        action="store_false",
-        default=None,
-        help="report ready at once, without running the request path first (the first "
-        "requests then compile the kernels)",
-    )
-    p.add_argument(
-        "--update-log",
-        default=None,
-        help="accept graph updates, logged here (replayed at start-up if it exists)",
-    )
-    p.add_argument("--fsync", choices=["always", "never"], default=None, help="update log fsync")
-    p.add_argument(
-        "--presample",
-        action="store_true",
-        default=None,
-        help="DGS pre-sampling: keep reservoirs for --fanouts, updated on every graph update",
-    )
-    p.add_argument(
-        "--embeddings",
-        default=None,
-        help="precomputed embeddings for new-node requests (gnnserve precompute); default: "
-        "<store>/embeddings/<model name> when it exists",
-    )
-    p.add_argument("--embeddings-backend", default=None, help="memory | mmap")
-    p.add_argument(
-        "--new-node-mode", default=None, help="default new-node mode: srpe | full | ns | pe"
-    )
-    p.add_argument("--gamma", type=float, default=None, help="default SRPE gamma in [0, 1]")
-    p.add_argument(
-        "--policy",
-        default=None,
-        help="default SRPE policy: query_edges_ratio | importance | random | oracle",
-    )
-    p.add_argument("--max-new-nodes", type=int, default=None, help="new nodes per request")
-    p.add_argument(
-        "--max-body-bytes",
-        type=int,
-        default=None,
-        help="request bodies above this get 413 (default: 16 MiB + 32 B x max new nodes x width)",
-    )
-    p.add_argument(
-        "--api-keys",
-        default=None,
-        help="file of API keys, '<read|write|read,write> <token>' per line (or set "
-        "GNNSERVE_API_KEYS); every endpoint but /v2/health/* then needs a bearer token",
-    )
-    p.add_argument(
-        "--insecure",
-        action="store_true",
-        default=None,
-        help="allow a non-loopback --host without API keys (anyone reaching it may update)",
-    )
+    for flag, dotted in SERVE_FLAGS:
+        p.add_argument(flag, **flag_arguments(flag, dotted))
 
 
 def serve_config(args: argparse.Namespace) -> ServeConfig:
@@ -101,39 +130,13 @@ def serve_config(args: argparse.Namespace) -> ServeConfig:
     from gnnserve.config import ServeConfig
     from gnnserve.fanouts import parse_fanouts
 
-    return ServeConfig.load(
-        args.config,
-        **{
-            "store.path": args.store,
-            "model_path": args.model,
-            "server.host": args.host,
-            "server.port": args.port,
-            "server.model_name": args.name,
-            "sampler.fanouts": parse_fanouts(args.fanouts),
-            "store.graph_backend": args.graph_backend,
-            "store.feature_backend": args.feature_backend,
-            "batcher.max_batch_nodes": args.max_batch_nodes,
-            "batcher.max_wait_ms": args.max_wait_ms,
-            "admission.max_queue_requests": args.max_queue,
-            "admission.max_queue_delay_ms": args.max_queue_delay_ms,
-            "admission.timeout_s": args.timeout_s,
-            "admission.max_nodes_per_request": args.max_nodes,
-            "compute.torch_threads": args.torch_threads,
-            "compute.warm_up": args.warm_up,
-            "store.update_log": args.update_log,
-            "store.fsync": args.fsync,
-            "sampler.presample": args.presample,
-            "embeddings.path": args.embeddings,
-            "embeddings.backend": args.embeddings_backend,
-            "embeddings.mode": args.new_node_mode,
-            "embeddings.gamma": args.gamma,
-            "embeddings.policy": args.policy,
-            "embeddings.max_new_nodes": args.max_new_nodes,
-            "server.max_body_bytes": args.max_body_bytes,
-            "server.api_keys": args.api_keys,
-            "server.insecure": args.insecure,
-        },
-    )
+    overrides = {}
+    for flag, dotted in SERVE_FLAGS:
+        value = getattr(args, _dest(flag))
+        if isinstance(value, str) and _flag_type(config_field(dotted)) == list[int]:
+            value = parse_fanouts(value, flag)
+        overrides[dotted] = value
+    return ServeConfig.load(args.config, **overrides)
 
 
 def run_serve(args: argparse.Namespace) -> int:
@@ -209,8 +212,8 @@ def _lazy(module: str, attr: str) -> Callable[..., object]:
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with one sub-command per job."""
     from gnnserve.data import prepare
+    from gnnserve.dynamic import logtool
     from gnnserve.embeddings import precompute
-    from gnnserve.graph import logtool
     from gnnserve.models import train
 
     parser = argparse.ArgumentParser(prog="gnnserve", description=__doc__)

@@ -19,25 +19,40 @@ class _Strict(BaseModel):
 class StoreConfig(_Strict):
     """Where the graph lives and which storage backends read it."""
 
-    path: str = ""  # store directory written by `gnnserve prepare`
-    graph_backend: str = "memory"  # GRAPH_STORES name: memory | mmap
-    feature_backend: str = "memory"  # FEATURE_STORES name: memory | mmap
+    path: str = Field("", description="store directory written by `gnnserve prepare`")
+    graph_backend: str = Field("memory", description="GRAPH_STORES name: memory | mmap")
+    feature_backend: str = Field("memory", description="FEATURE_STORES name: memory | mmap")
     verify_checksum: bool = False  # recompute the content checksum at start-up (slow on big stores)
     # scan the CSR (row pointers monotone from 0 to E, ids < N) and features (finite) at start-up:
     # seconds per 10^8 edges; off only for a store already checked (data/integrity.py)
     check_structure: bool = True
-    update_log: str = ""  # append-only log of graph updates; set = mutable store, replayed at start
-    fsync: Literal["always", "never"] = "always"  # log durability: power loss | process crash
+    update_log: str = Field(
+        "",
+        description="accept graph updates, logged here (append-only; replayed at start-up if it "
+        "exists); empty = a static store",
+    )
+    fsync: Literal["always", "never"] = Field(
+        "always",
+        description="update log durability: always (survives power loss) | never (survives a "
+        "process crash)",
+    )
 
 
 class SamplerConfig(_Strict):
     """How the computation graph of a batch is built."""
 
-    fanouts: list[int] = Field(default_factory=lambda: [25, 10])  # per hop, nearest first; -1 = all
+    fanouts: list[int] = Field(
+        default_factory=lambda: [25, 10],
+        description="per-hop fanouts, nearest hop first, e.g. 25,10 (-1 = every neighbour)",
+    )
     seed: int = 0  # sampler RNG seed
     # expected sampled nodes (PSGS) above which the parallel path runs
     parallel_threshold: int = 65536
-    presample: bool = False  # keep DGS reservoirs for ``fanouts``; requests using them look up
+    presample: bool = Field(
+        False,
+        description="DGS pre-sampling: keep reservoirs for the default fanouts, updated on every "
+        "graph update; requests with those fanouts look them up",
+    )
 
     @field_validator("fanouts")
     @classmethod
@@ -48,8 +63,10 @@ class SamplerConfig(_Strict):
 class BatcherConfig(_Strict):
     """Dynamic batching: how concurrent requests are coalesced."""
 
-    max_batch_nodes: int = Field(1024, ge=1)  # seed nodes per batch (before dedupe)
-    max_wait_ms: float = Field(0.0, ge=0.0)  # extra wait for a fuller batch; 0 = greedy
+    max_batch_nodes: int = Field(1024, ge=1, description="seed nodes per batch (before dedupe)")
+    max_wait_ms: float = Field(
+        0.0, ge=0.0, description="extra batching wait for a fuller batch, ms (0 = greedy)"
+    )
     max_batch_cost: float | None = Field(None, gt=0)  # cap on a batch's summed PSGS; None = off
     pipeline_depth: int = Field(2, ge=1)  # batches in flight from sampling to results
 
@@ -60,11 +77,13 @@ class ComputeConfig(_Strict):
     # torch intra-op threads in the serving process; None leaves torch's default. One thread is
     # the default: batches are small and the pipeline stages already use both cores; with two,
     # a batch-1 forward took 1.6 ms instead of 0.2 ms (bench/serving.py machine).
-    torch_threads: int | None = Field(1, ge=1)
-    # run the request path once at start-up (numba compiles its kernels for this store's dtypes,
-    # torch allocates) before /v2/health/ready answers 200; off: ready at once, and the first
-    # requests pay for it (seconds with a cold numba cache)
-    warm_up: bool = True
+    torch_threads: int | None = Field(1, ge=1, description="torch intra-op threads")
+    warm_up: bool = Field(
+        True,
+        description="run the request path once at start-up (numba compiles its kernels for this "
+        "store's dtypes, torch allocates) before /v2/health/ready answers 200; off: ready at "
+        "once, and the first requests pay for it (seconds with a cold numba cache)",
+    )
 
 
 class AdmissionConfig(_Strict):
@@ -75,11 +94,17 @@ class AdmissionConfig(_Strict):
     (``timeout_s``, or the client's ``X-Timeout-Ms`` header when smaller). See engine/delay.py.
     """
 
-    max_queue_requests: int = Field(4096, ge=1)  # admitted, unfinished requests before 429
-    max_nodes_per_request: int = Field(4096, ge=1)  # larger requests get 413
-    timeout_s: float = Field(30.0, gt=0)  # queue deadline per request
-    # predicted queueing delay beyond which a request gets 429; None = no delay-based shedding
-    max_queue_delay_ms: float | None = Field(200.0, gt=0)
+    max_queue_requests: int = Field(
+        4096, ge=1, description="admitted, unfinished requests before 429"
+    )
+    max_nodes_per_request: int = Field(4096, ge=1, description="nodes per request before 413")
+    timeout_s: float = Field(30.0, gt=0, description="request deadline, seconds")
+    max_queue_delay_ms: float | None = Field(
+        200.0,
+        gt=0,
+        description="429 when the work ahead of a request is predicted to take longer, ms "
+        "(null = no delay-based shedding)",
+    )
     # half-life, in completed batches, of a batch's weight in the service-time model
     service_halflife: float = Field(16.0, gt=0)
 
@@ -91,43 +116,81 @@ NewNodePolicy = Literal["query_edges_ratio", "importance", "random", "oracle"]  
 class EmbeddingsConfig(_Strict):
     """New-node requests (OMEGA): the precomputed embeddings (PEs) and the default options."""
 
-    # PE directory written by `gnnserve precompute`; "" = <store>/embeddings/<checkpoint name>
-    # when that exists (a stale one is then refused per request, not at start-up)
-    path: str = ""
-    backend: Literal["memory", "mmap"] = "memory"  # EMBEDDING_STORES name
-    mode: NewNodeMode = "srpe"  # default mode of a new-node request
-    gamma: float = Field(0.1, ge=0.0, le=1.0)  # default share of candidates recomputed (srpe)
-    policy: NewNodePolicy = "query_edges_ratio"  # default choice of the recomputed candidates
-    max_new_nodes: int = Field(1024, ge=1)  # new nodes per request before 413
+    # a stale default directory is refused per request, not at start-up
+    path: str = Field(
+        "",
+        description="precomputed embeddings for new-node requests (`gnnserve precompute`); "
+        "empty = <store>/embeddings/<model name> when it exists",
+    )
+    backend: Literal["memory", "mmap"] = Field("memory", description="EMBEDDING_STORES name")
+    mode: NewNodeMode = Field("srpe", description="default mode of a new-node request")
+    gamma: float = Field(
+        0.1, ge=0.0, le=1.0, description="default SRPE gamma: share of candidates recomputed"
+    )
+    policy: NewNodePolicy = Field(
+        "query_edges_ratio", description="default SRPE policy: which candidates are recomputed"
+    )
+    max_new_nodes: int = Field(1024, ge=1, description="new nodes per request before 413")
 
 
 class ServerConfig(_Strict):
     """HTTP front end."""
 
-    host: str = "127.0.0.1"
-    port: int = Field(8000, ge=0, le=65535)  # 0 = pick a free port
-    model_name: str = "default"  # the name clients use in /v2/models/{name}
+    host: str = Field("127.0.0.1", description="bind address")
+    port: int = Field(8000, ge=0, le=65535, description="port (0 = any free port)")
+    model_name: str = Field("default", description="model name in the API (/v2/models/{name})")
     log_level: str = "warning"
-    # request bodies above this many bytes get 413 unread; None = 16 MiB + 32 bytes per float of
-    # the largest new-node request (embeddings.max_new_nodes x feature width): server/limits.py
-    max_body_bytes: int | None = Field(None, ge=1024)
-    # file of API keys ("<read|write|read,write> <token>" per line; server/auth.py); "" = the
-    # GNNSERVE_API_KEYS environment variable, or no authentication (loopback or insecure only)
-    api_keys: str = ""
-    insecure: bool = False  # allow a non-loopback host without API keys
+    max_body_bytes: int | None = Field(
+        None,
+        ge=1024,
+        description="request bodies above this get 413 unread (null = 16 MiB + 32 B x max new "
+        "nodes x feature width: server/limits.py)",
+    )
+    # "" and no GNNSERVE_API_KEYS: no authentication (loopback host or insecure only)
+    api_keys: str = Field(
+        "",
+        description="file of API keys, '<read|write|read,write> <token>' per line "
+        "(server/auth.py; or set GNNSERVE_API_KEYS); every endpoint but /v2/health/* then "
+        "needs a bearer token",
+    )
+    insecure: bool = Field(
+        False,
+        description="allow a non-loopback host without API keys (anyone reaching it may update)",
+    )
+
+
+class DeployConfig(_Strict):
+    """How admitted work is executed: the EXECUTORS backend and its workers (engine/executor.py).
+
+    ``local``: sampling, feature gather and model in this process (the default). ``dgs``:
+    existing-node batches sample from DGS serving workers (Ray actors) that keep the reservoirs
+    of ``sampler.fanouts`` current; other fanouts sample locally. ``cgp``: new-node SRPE requests
+    run on ``workers`` Ray actors with computation graph parallelism (OMEGA); the rest locally.
+    """
+
+    mode: str = Field(
+        "local",
+        description="EXECUTORS name: local | dgs | cgp (or one a deployment package registered)",
+    )
+    workers: int = Field(
+        2, ge=1, le=64, description="dgs: sampling and serving workers each; cgp: workers"
+    )
+    threads_per_worker: int = Field(1, ge=1, le=64, description="torch threads per worker (cgp)")
+    timeout_s: float = Field(120.0, gt=0)  # start-up and per-request bound on the workers
 
 
 class ServeConfig(_Strict):
     """Everything `gnnserve serve` needs."""
 
     store: StoreConfig = StoreConfig()
-    model_path: str = ""  # checkpoint directory written by `gnnserve train`
+    model_path: str = Field("", description="checkpoint directory written by `gnnserve train`")
     sampler: SamplerConfig = SamplerConfig()
     batcher: BatcherConfig = BatcherConfig()
     admission: AdmissionConfig = AdmissionConfig()
     compute: ComputeConfig = ComputeConfig()
     embeddings: EmbeddingsConfig = EmbeddingsConfig()
     server: ServerConfig = ServerConfig()
+    deploy: DeployConfig = DeployConfig()
 
     @classmethod
     def load(cls, path: str | Path | None = None, **overrides: Any) -> ServeConfig:

@@ -28,6 +28,11 @@ class Registry(Generic[T]):
 
         return decorate
 
+    def unregister(self, name: str) -> None:
+        """Remove ``name`` (a backend registered for a while, e.g. by a test); unknown names
+        raise KeyError."""
+        del self._factories[name]
+
     def names(self) -> list[str]:
         """Registered names, sorted."""
         return sorted(self._factories)

@@ -242,7 +242,7 @@ def test_cli_refuses_a_checkpoint_of_another_store(
 def test_cli_update_log_gives_the_pes_of_the_updated_graph_and_leaves_the_log(
     small_store: Path, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
-    from gnnserve.graph.dynamic_store import DynamicStore
+    from gnnserve.dynamic.store import DynamicStore
 
     store = tmp_path / "store"
     shutil.copytree(small_store, store)

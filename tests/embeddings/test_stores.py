@@ -14,7 +14,6 @@ from gnnserve.embeddings.stores import (
     create_layer,
     default_embeddings_dir,
     layer_file,
-    load_embeddings_for,
     open_embeddings,
     read_meta,
     write_meta,
@@ -80,30 +79,15 @@ def test_check_refuses_another_model_or_graph(small_store: Path, tmp_path: Path)
     graph = open_graph_store(small_store)
     good = tmp_path / "good"
     _write(good, graph_version=graph.version)
+    pes = open_embeddings(good)
+    pes.check("m@abc", graph.version)  # the right model and graph: accepted
     with pytest.raises(StaleEmbeddingsError, match="model"):
-        load_embeddings_for(good, "m@other", graph)
+        pes.check("m@other", graph.version)
     stale = tmp_path / "stale"
     _write(stale, graph_version="an-older-graph")
     with pytest.raises(StaleEmbeddingsError, match="an-older-graph") as info:
-        load_embeddings_for(stale, "m@abc", graph, "mmap")
+        open_embeddings(stale, "mmap").check("m@abc", graph.version)
     assert info.value.field == "graph_version"
-    # right versions but another node count (the graph has 2000 nodes, the PEs 50)
-    with pytest.raises(StaleEmbeddingsError, match="2000"):
-        load_embeddings_for(good, "m@abc", graph)
-    pes = open_embeddings(good)
-    pes.check("m@abc", graph.version)  # open_embeddings alone does not check
-    with pytest.raises(StaleEmbeddingsError):
-        pes.check("m@abc", "other")
-
-
-def test_load_embeddings_for_accepts_matching_pes(tmp_path: Path) -> None:
-    class _Graph:  # the two attributes load_embeddings_for reads
-        version = "g1"
-        num_nodes = N
-
-    arrays = _write(tmp_path)
-    pes = load_embeddings_for(tmp_path, "m@abc", _Graph(), "mmap")  # type: ignore[arg-type]
-    np.testing.assert_array_equal(pes.layer(2), arrays[1])
 
 
 @pytest.mark.parametrize("backend", ["memory", "mmap"])
@@ -175,3 +159,21 @@ def test_empty_graph_round_trips(tmp_path: Path) -> None:
     write_meta(tmp_path, EmbeddingMeta("m@abc", "g", 0, list(DIMS)))
     pes = open_embeddings(tmp_path, "mmap")
     assert pes.layer(2).shape == (0, 3)
+
+
+def test_serving_check_refuses_pes_of_another_node_count(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from gnnserve.embeddings.base import check_serving_stores
+    from gnnserve.models.zoo import ModelConfig
+
+    _write(tmp_path)  # N = 50 rows, dims [7, 3]
+    config = ModelConfig(arch="sage", in_dim=4, hidden_dim=7, out_dim=3, num_layers=2)
+    pes = open_embeddings(tmp_path)
+    # the two attributes check_serving_stores reads of a feature store
+    features = SimpleNamespace(num_nodes=N, dim=4)
+    check_serving_stores(config, N, features, pes)  # type: ignore[arg-type]
+    with pytest.raises(InvalidInputError, match="50 rows, the graph has 60") as info:
+        features = SimpleNamespace(num_nodes=60, dim=4)
+        check_serving_stores(config, 60, features, pes)  # type: ignore[arg-type]
+    assert info.value.field == "embeddings"

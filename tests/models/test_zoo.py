@@ -14,7 +14,8 @@ from gnnserve.data.writer import GraphData, write_store
 from gnnserve.errors import InvalidInputError
 from gnnserve.features import open_feature_store
 from gnnserve.graph import GraphStore, open_graph_store
-from gnnserve.models.zoo import GNN, MODELS, ModelConfig, gcn_block_weights
+from gnnserve.models.arch.gcn import gcn_block_weights
+from gnnserve.models.zoo import GNN, MODELS, ModelConfig
 from gnnserve.sampling import NeighborSampler
 from gnnserve.types import Block
 

@@ -1,4 +1,4 @@
-"""The on-disk store layout: file names, ``meta.json`` schema and its reader.
+"""The on-disk store layout: file names, ``meta.json`` schema and its reader (``data.meta``).
 
 A store directory holds the graph as CSR over *in*-neighbours (row ``v`` lists the sources ``u`` of
 edges ``u -> v``, the order message passing reads them), features as a raw little-endian array that
@@ -15,7 +15,9 @@ from pathlib import Path
 
 import numpy as np
 
+from gnnserve.data.meta import read_meta_file
 from gnnserve.errors import StoreFormatError
+from gnnserve.urls import local_path
 
 FORMAT_VERSION = 1
 META = "meta.json"
@@ -50,26 +52,26 @@ class StoreMeta:
 
 
 def read_meta(store_dir: str | Path) -> StoreMeta:
-    """Read and check ``meta.json`` of ``store_dir``; raise StoreFormatError when unusable."""
-    path = Path(store_dir) / META
-    if not path.is_file():
-        raise StoreFormatError(f"{store_dir} is not a gnnserve store: {META} missing", "store")
+    """Read and check ``meta.json`` of ``store_dir`` (a path or file URL); raise StoreFormatError
+    when unusable."""
+    root = local_path(store_dir, "store")
+    path = root / META
+    doc = read_meta_file(
+        path,
+        "store",
+        version=FORMAT_VERSION,
+        missing=f"{root} is not a gnnserve store: {META} missing",
+        default_version=FORMAT_VERSION,
+    )
     try:
-        raw = json.loads(path.read_text())
-        meta = StoreMeta(**raw)
-    except (json.JSONDecodeError, TypeError) as exc:
+        return StoreMeta(**doc)
+    except TypeError as exc:
         raise StoreFormatError(f"{path} is malformed: {exc}", "store") from exc
-    if meta.format_version != FORMAT_VERSION:
-        raise StoreFormatError(
-            f"{path}: format version {meta.format_version}, this gnnserve reads {FORMAT_VERSION}",
-            "store",
-        )
-    return meta
 
 
 def data_files(store_dir: str | Path, meta: StoreMeta) -> list[Path]:
     """The files covered by the checksum, in a fixed order."""
-    root = Path(store_dir)
+    root = local_path(store_dir, "store")
     names = [INDPTR, INDICES, FEATURES]
     if meta.has_labels:
         names.append(LABELS)
@@ -89,6 +91,7 @@ def checksum_files(paths: list[Path], chunk_bytes: int = 1 << 22) -> str:
 
 def verify_checksum(store_dir: str | Path) -> StoreMeta:
     """Recompute the content checksum and compare it with ``meta.json``."""
+    store_dir = local_path(store_dir, "store")
     meta = read_meta(store_dir)
     actual = checksum_files(data_files(store_dir, meta))
     if actual != meta.checksum:

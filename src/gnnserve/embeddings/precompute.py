@@ -258,12 +258,13 @@ def run(args: argparse.Namespace) -> int:
     graph = open_graph_store(args.store, args.backend)
     features = open_feature_store(args.store, args.backend)
     if args.update_log:
-        from gnnserve.graph.dynamic_store import DynamicStore
+        from gnnserve.dynamic.store import DynamicStore
+        from gnnserve.urls import local_path
 
-        if not Path(args.update_log).is_file():
+        if not local_path(args.update_log, "update_log").is_file():
             raise InvalidInputError(f"no update log at {args.update_log}", "update_log")
         updated = DynamicStore(graph, features, args.update_log, read_only=True)
-        graph, features = updated.graph, updated.features  # type: ignore[assignment]
+        graph, features = updated.view, updated.features
     out = Path(args.out) if args.out else stores.default_embeddings_dir(args.store, args.model)
     start = time.perf_counter()
     with _torch_threads(args.torch_threads):

@@ -23,10 +23,11 @@ from typing import Any
 import numpy as np
 
 from gnnserve.data import layout
+from gnnserve.data.meta import read_meta_file
 from gnnserve.embeddings.base import EmbeddingMeta, EmbeddingStore
-from gnnserve.errors import StaleEmbeddingsError, StoreFormatError
-from gnnserve.graph.base import GraphStore
+from gnnserve.errors import StoreFormatError
 from gnnserve.registry import Registry
+from gnnserve.urls import local_path
 
 FORMAT = "gnnserve-embeddings"
 FORMAT_VERSION = 1
@@ -44,8 +45,11 @@ def layer_file(layer: int) -> str:
 
 
 def default_embeddings_dir(store_dir: str | Path, checkpoint_dir: str | Path) -> Path:
-    """Where ``gnnserve precompute`` writes by default: ``<store>/embeddings/<checkpoint name>``."""
-    return Path(store_dir) / "embeddings" / Path(checkpoint_dir).resolve().name
+    """Where ``gnnserve precompute`` writes by default: ``<store>/embeddings/<checkpoint name>``.
+
+    Both arguments are paths or file URLs."""
+    store, checkpoint = local_path(store_dir, "store"), local_path(checkpoint_dir, "model_path")
+    return store / "embeddings" / checkpoint.resolve().name
 
 
 def write_meta(directory: str | Path, meta: EmbeddingMeta) -> Path:
@@ -79,24 +83,17 @@ def _positive_int(value: object) -> bool:
 
 
 def read_meta(directory: str | Path) -> EmbeddingMeta:
-    """Read and check ``meta.json`` of an embeddings directory; StoreFormatError when unusable."""
-    path = Path(directory) / META
-    if not path.is_file():
-        raise StoreFormatError(
-            f"{directory} holds no precomputed embeddings: {path} missing", _FIELD
-        )
-    try:
-        doc = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise StoreFormatError(f"{path} is unreadable: {exc}", _FIELD) from exc
-    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-        raise StoreFormatError(f"{path} is not a {FORMAT} meta file", _FIELD)
-    if doc.get("format_version") != FORMAT_VERSION:
-        raise StoreFormatError(
-            f"{path}: format version {doc.get('format_version')!r}, this gnnserve reads "
-            f"{FORMAT_VERSION}",
-            _FIELD,
-        )
+    """Read and check ``meta.json`` of an embeddings directory (a path or file URL);
+    StoreFormatError when unusable."""
+    root = local_path(directory, _FIELD)
+    path = root / META
+    doc = read_meta_file(
+        path,
+        _FIELD,
+        version=FORMAT_VERSION,
+        missing=f"{root} holds no precomputed embeddings: {path} missing",
+        format_name=FORMAT,
+    )
     fields = {k: v for k, v in doc.items() if k not in ("format", "format_version")}
     try:
         meta = EmbeddingMeta(**fields)
@@ -150,24 +147,7 @@ def _mmap(directory: str | Path, meta: EmbeddingMeta) -> EmbeddingStore:
 
 
 def open_embeddings(directory: str | Path, backend: str = "memory") -> EmbeddingStore:
-    """Open the PEs of ``directory`` with the backend registered as ``backend``."""
-    meta = read_meta(directory)
-    return EMBEDDING_STORES.create(backend, directory, meta)
-
-
-def load_embeddings_for(
-    directory: str | Path, checkpoint_version: str, graph: GraphStore, backend: str = "memory"
-) -> EmbeddingStore:
-    """Open the PEs of ``directory`` and check they belong to this checkpoint and graph.
-
-    Raises StaleEmbeddingsError when they were computed with another model or graph version.
-    """
-    store = open_embeddings(directory, backend)
-    store.check(checkpoint_version, graph.version)
-    if store.meta.num_nodes != graph.num_nodes:  # same version string, yet another graph
-        raise StaleEmbeddingsError(
-            f"{Path(directory) / META}: embeddings of {store.meta.num_nodes} nodes, "
-            f"the graph has {graph.num_nodes}; run `gnnserve precompute` again",
-            "graph_version",
-        )
-    return store
+    """Open the PEs of ``directory`` (a path or file URL) with the backend ``backend``."""
+    root = local_path(directory, _FIELD)
+    meta = read_meta(root)
+    return EMBEDDING_STORES.create(backend, root, meta)

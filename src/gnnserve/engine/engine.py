@@ -1,7 +1,9 @@
-"""Engine: admission -> batcher -> sample -> fetch -> compute, with per-request futures.
+"""Engine: admission -> batcher -> executor, with per-request futures.
 
-Requests for new nodes (features and edges the graph does not hold) take their own path, see
-:mod:`gnnserve.newnodes.service`.
+The executor (``ServeConfig.deploy.mode``, see :mod:`gnnserve.engine.executor`) runs each batch:
+sample -> fetch -> compute in this process for ``local``. Requests for new nodes (features and
+edges the graph does not hold) take their own queue, :mod:`gnnserve.newnodes.service`, and are
+run by the same executor.
 """
 
 from __future__ import annotations
@@ -10,27 +12,26 @@ import asyncio
 import logging
 import queue
 import threading
-import time
 from collections.abc import Callable
 from concurrent.futures import Future
 
 import torch
 
 from gnnserve.config import ServeConfig
+from gnnserve.dynamic.store import DynamicStore, UpdateResult
 from gnnserve.embeddings.base import EmbeddingStore
 from gnnserve.engine.admission import Admission
-from gnnserve.engine.batcher import STOP, Batch, Batcher, drop_expired
+from gnnserve.engine.batcher import STOP, Batch, Batcher
 from gnnserve.engine.delay import Backlog
-from gnnserve.engine.pipeline import Stage, fail_batch
+from gnnserve.engine.executor import EXECUTORS, ExecutionContext, Executor
 from gnnserve.engine.planner import Planner
 from gnnserve.engine.warmup import warm_up_engine
 from gnnserve.errors import GnnServeError, ReadOnlyStoreError
 from gnnserve.features.base import FeatureStore
 from gnnserve.graph.base import GraphStore
-from gnnserve.graph.dynamic_store import DynamicStore, UpdateResult
 from gnnserve.models.runner import ModelRunner
 from gnnserve.newnodes.service import NewNodePrediction, NewNodeService
-from gnnserve.types import InferenceResult, MiniBatch, OutputKind, StageTimings
+from gnnserve.types import InferenceResult, OutputKind
 
 log = logging.getLogger(__name__)
 
@@ -58,11 +59,10 @@ class Engine:
         self.updates = updates  # the mutable store behind graph/features, when there is one
         self.graph = graph
         self.features = features
-        self.runner = runner
         self.planner = Planner(graph, self.config.sampler, runner.model.config.num_layers)
         self.psgs = self.planner.psgs  # expected sampled nodes per seed (None: graph changes)
         if updates is not None and self.planner.presampler is not None:
-            updates.attach(self.planner.presampler)
+            updates.subscribe(self.planner.presampler)  # built from this version's CSR
         self.admission = Admission(
             graph, self.config.admission, self.config.batcher.max_batch_nodes
         )
@@ -71,8 +71,15 @@ class Engine:
             self.config.batcher, self._inbox, self.planner.expected_size, self.admission.backlog
         )
         self.observers: list[Callable[[Batch], None]] = []  # called after each finished batch
-        self._threads: list[threading.Thread] = []
+        self.executor: Executor = EXECUTORS.create(
+            self.config.deploy.mode,
+            ExecutionContext(
+                graph, features, runner, self.planner, self.config, updates, embeddings,
+                self.observers,
+            ),
+        )  # fmt: skip
         self._started = False
+        self._start_lock = threading.Lock()
         self._warm = threading.Event()  # set by warm_up: the server reports ready after it
         self.new_nodes = NewNodeService(
             runner,
@@ -84,30 +91,20 @@ class Engine:
             self.config.embeddings,
             reads=graph,
             unavailable=embeddings_error,
+            run=self.executor.run_new_nodes,
         )
 
     # lifecycle -------------------------------------------------------------------------------
     def start(self) -> Engine:
-        """Start the stage threads (idempotent)."""
-        if self._started:
-            return self
-        if self.config.compute.torch_threads is not None:
-            torch.set_num_threads(self.config.compute.torch_threads)  # process-wide
-        # at most pipeline_depth batches between batcher and result: while they are busy,
-        # requests wait in the inbox and the next batch grows (adaptive batching)
-        self._slots = threading.Semaphore(self.config.batcher.pipeline_depth)
-        to_fetch: queue.Queue[object] = queue.Queue()
-        to_compute: queue.Queue[object] = queue.Queue()
-        release = self._release_slot
-        self._threads = [
-            threading.Thread(target=self._sample_loop, args=(to_fetch,), daemon=True),
-            Stage("fetch", self._fetch, to_fetch, to_compute, release),
-            Stage("compute", self._compute, to_compute, None, release),
-        ]
-        for t in self._threads:
-            t.start()
-        self.new_nodes.start()
-        self._started = True
+        """Start the executor and the new-node worker (idempotent)."""
+        with self._start_lock:
+            if self._started:
+                return self
+            if self.config.compute.torch_threads is not None:
+                torch.set_num_threads(self.config.compute.torch_threads)  # process-wide
+            self.executor.start(self.batcher)
+            self.new_nodes.start()
+            self._started = True
         return self
 
     def stop(self, timeout_s: float = 30.0) -> None:
@@ -117,15 +114,24 @@ class Engine:
             return
         self.new_nodes.stop(timeout_s)
         self._inbox.put(STOP)
-        for t in self._threads:
-            t.join(timeout_s)
+        self.executor.stop(timeout_s)
         self._started = False
         if self.updates is not None:
             self.updates.close()
 
     @property
+    def runner(self) -> ModelRunner:
+        """The served model: forward, version and output shaping (the executor's)."""
+        return self.executor.context.runner
+
+    @runner.setter
+    def runner(self, runner: ModelRunner) -> None:
+        """Run batches with ``runner`` from the next one on (tests wrap the model this way)."""
+        self.executor.context.runner = runner
+
+    @property
     def started(self) -> bool:
-        """True while the stage threads run."""
+        """True while the executor runs."""
         return self._started
 
     def warm_up(self) -> dict[str, float]:
@@ -137,7 +143,13 @@ class Engine:
         the engine then counts as warm at once).
         """
         try:
-            return warm_up_engine(self) if self.config.compute.warm_up else {}
+            if not self.config.compute.warm_up:
+                return {}
+            spent = warm_up_engine(self)
+            for step, ms in self.executor.warm_up().items():
+                spent[f"{self.executor.name} {step}"] = ms
+                spent["total"] += ms
+            return spent
         finally:
             self._warm.set()
 
@@ -234,7 +246,7 @@ class Engine:
         return await asyncio.wrap_future(future)
 
     def apply_updates(self, ops: object) -> UpdateResult:
-        """Apply a batch of graph updates (durable before it returns); see graph.updates."""
+        """Apply a batch of graph updates (durable before it returns); see dynamic.updates."""
         if self.updates is None:
             raise ReadOnlyStoreError("this store is read-only: serve it with an update log", "ops")
         return self.updates.apply(ops)
@@ -243,85 +255,3 @@ class Engine:
     def queue_depth(self) -> int:
         """Requests admitted and not yet answered."""
         return self.admission.in_flight
-
-    # stages --------------------------------------------------------------------------------
-    def _sample_loop(self, outbox: queue.Queue[object]) -> None:
-        """Batch and sample in one thread, so a batch closes only when sampling can take it."""
-        while True:
-            self._slots.acquire()
-            batch = self.batcher.next_batch()
-            if batch is None:
-                break
-            start = time.perf_counter()
-            batch.graph_version = self.graph.acquire_read()  # released once features are read
-            try:
-                batch.subgraph = self.planner.sampler_for(batch.fanouts).sample(batch.seeds)
-            except BaseException as exc:  # noqa: BLE001 - reported per request
-                self.graph.release_read()
-                fail_batch(batch, exc)
-                self._release_slot(batch)
-                continue
-            batch.stage_ms["sample"] = (time.perf_counter() - start) * 1e3
-            outbox.put(batch)
-        outbox.put(STOP)
-
-    def _release_slot(self, batch: Batch) -> None:
-        self.batcher.finished(batch)  # trains admission's service-time model
-        self._slots.release()
-
-    def _fetch(self, batch: Batch) -> None:
-        assert batch.subgraph is not None
-        try:
-            drop_expired(batch)  # 504 for requests past their deadline; none left: skip
-            ids = batch.subgraph.input_nodes
-            x = self.features.get(ids)
-            in_degree = torch.from_numpy(self.graph.gcn_degree(ids))  # full-graph, for GCN
-        finally:
-            self.graph.release_read()
-        batch.minibatch = MiniBatch(batch.subgraph, x, in_degree)
-
-    def _compute(self, batch: Batch) -> None:
-        assert batch.minibatch is not None and batch.subgraph is not None
-        drop_expired(batch)
-        start = time.perf_counter()
-        logits, embedding = self.runner.forward(batch.minibatch)
-        batch.stage_ms["compute"] = (time.perf_counter() - start) * 1e3
-        self.batcher.finished(batch)  # before the answers: a caller's next request finds it done
-        self._resolve(batch, logits, embedding)
-        for observe in self.observers:
-            observe(batch)
-
-    def _resolve(self, batch: Batch, logits: torch.Tensor, embedding: torch.Tensor) -> None:
-        assert batch.subgraph is not None
-        rows = batch.subgraph.seed_rows
-        offset = 0
-        now = time.perf_counter()
-        for ticket in batch.tickets:
-            req = ticket.request
-            mine = rows[offset : offset + req.nodes.size]
-            offset += req.nodes.size
-            try:
-                values = self.runner.shape_output(req.output, logits, embedding, mine, req.nodes)
-            except GnnServeError as exc:  # NaN/inf outputs: this request fails, not the batch
-                if not ticket.future.done():
-                    ticket.future.set_exception(exc)
-                continue
-            timings = StageTimings(
-                queue_ms=(batch.formed_s - req.arrival_s) * 1e3,
-                sample_ms=batch.stage_ms.get("sample", 0.0),
-                fetch_ms=batch.stage_ms.get("fetch", 0.0),
-                compute_ms=batch.stage_ms.get("compute", 0.0),
-                total_ms=(now - req.arrival_s) * 1e3,
-                batch_size=batch.subgraph.num_seeds,
-            )
-            result = InferenceResult(
-                req.request_id,
-                req.nodes,
-                req.output,
-                values,
-                self.runner.version,
-                batch.graph_version,
-                timings,
-            )
-            if not ticket.future.done():
-                ticket.future.set_result(result)

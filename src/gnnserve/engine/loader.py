@@ -12,6 +12,7 @@ import logging
 
 from gnnserve.config import ServeConfig
 from gnnserve.data.layout import verify_checksum
+from gnnserve.dynamic.store import DynamicStore
 from gnnserve.embeddings.base import EmbeddingStore
 from gnnserve.embeddings.stores import default_embeddings_dir, open_embeddings
 from gnnserve.engine.engine import Engine
@@ -25,10 +26,10 @@ from gnnserve.errors import (
 from gnnserve.features import open_feature_store
 from gnnserve.graph import open_graph_store
 from gnnserve.graph.base import GraphStore
-from gnnserve.graph.dynamic_store import DynamicStore
 from gnnserve.models.checkpoint import load_checkpoint
 from gnnserve.models.runner import ModelRunner
 from gnnserve.newnodes.service import check_embeddings
+from gnnserve.urls import resolve
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +40,7 @@ def build_engine(config: ServeConfig) -> Engine:
         raise InvalidInputError("no store given (--store DIR)", "store.path")
     if not config.model_path:
         raise InvalidInputError("no model checkpoint given (--model DIR)", "model_path")
+    check_locations(config)
     if config.store.verify_checksum:
         verify_checksum(config.store.path)
     check = config.store.check_structure
@@ -59,12 +61,12 @@ def build_engine(config: ServeConfig) -> Engine:
         return Engine(graph, features, runner, config, embeddings=pes, embeddings_error=problem)
     store = DynamicStore(graph, features, config.store.update_log, config.store.fsync)
     try:
-        pes, problem = load_embeddings(config, store.graph, ckpt.version)  # after the replay
+        pes, problem = load_embeddings(config, store.view, ckpt.version)  # after the replay
     except BaseException:
         store.close()
         raise
     return Engine(
-        store.graph,
+        store.view,
         store.features,
         runner,
         config,
@@ -72,6 +74,19 @@ def build_engine(config: ServeConfig) -> Engine:
         embeddings=pes,
         embeddings_error=problem,
     )
+
+
+def check_locations(config: ServeConfig) -> None:
+    """Refuse a configured location that is neither a path nor a supported URL (see ``urls``),
+    naming its config key; the openers accept what passes."""
+    for field, value in (
+        ("store.path", config.store.path),
+        ("model_path", config.model_path),
+        ("store.update_log", config.store.update_log),
+        ("embeddings.path", config.embeddings.path),
+    ):
+        if value:
+            resolve(value, field)
 
 
 def load_embeddings(

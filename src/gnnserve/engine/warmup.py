@@ -12,12 +12,13 @@ once, on the served graph's arrays, features and model, so that ``/v2/health/rea
   to go hop by hop (``max(max_batch_nodes, max_nodes_per_request)`` seeds);
 - the feature gather (serial, and parallel when the graph has enough nodes), GCN degrees, the
   model's forward and the shaping of every output kind;
-- a one-node new-node request in the configured mode when precomputed embeddings are loaded.
+- a one-node new-node request in the configured mode when precomputed embeddings are loaded;
+- with an update log, the update path: the store's kernels (``dynamic.warmup``) and, with
+  pre-sampling, the pre-sampler's (``sampling.warmup``), which run under the write lock.
 
 The stages run on the caller's thread, outside admission and the batcher: no request id, no
-metric and no service-time sample comes from the warm-up. Like ``graph.warmup`` (the update
-path), it is an explicit start-up step: ``Engine.warm_up`` calls it, the app runs that after
-``Engine.start``.
+metric and no service-time sample comes from the warm-up. It is an explicit start-up step:
+``Engine.warm_up`` calls it, the app runs that after ``Engine.start``.
 """
 
 from __future__ import annotations
@@ -30,10 +31,12 @@ from typing import TYPE_CHECKING, TypeVar
 import numpy as np
 import torch
 
+from gnnserve.dynamic.warmup import warm_up_updates
 from gnnserve.errors import GnnServeError
 from gnnserve.features.stores import _PARALLEL_ROWS
 from gnnserve.newnodes.parse import parse_new_nodes
 from gnnserve.sampling.sampler import NeighborSampler
+from gnnserve.sampling.warmup import warm_up_presample_updates
 from gnnserve.types import MiniBatch, OutputKind
 
 if TYPE_CHECKING:
@@ -54,6 +57,8 @@ def warm_up_engine(engine: Engine) -> dict[str, float]:
         _timed(spent, "model", lambda: _forward(engine, batch))
         if engine.new_nodes.embeddings is not None:
             _timed(spent, "new_nodes", lambda: _new_nodes(engine))
+    if engine.updates is not None:
+        _timed(spent, "updates", lambda: _updates(engine))
     spent["total"] = (time.perf_counter() - start) * 1e3
     steps = ", ".join(f"{k} {v:.0f} ms" for k, v in spent.items() if k != "total")
     log.info(
@@ -63,6 +68,14 @@ def warm_up_engine(engine: Engine) -> dict[str, float]:
         list(engine.planner.default),
     )
     return spent
+
+
+def _updates(engine: Engine) -> None:
+    """Compile the update path: the store's kernels, and the pre-sampler's when it is fed."""
+    warm_up_updates()
+    presampler = engine.planner.presampler
+    if presampler is not None:
+        warm_up_presample_updates(presampler.fanouts)
 
 
 def _timed(spent: dict[str, float], name: str, step: Callable[[], T]) -> T:

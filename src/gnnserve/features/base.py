@@ -11,6 +11,7 @@ import torch
 from gnnserve.data import layout
 from gnnserve.data.validate import check_node_ids
 from gnnserve.registry import Registry
+from gnnserve.urls import local_path
 
 
 class FeatureStore(abc.ABC):
@@ -41,9 +42,10 @@ FEATURE_STORES: Registry[FeatureStore] = Registry("feature_store")
 def open_feature_store(
     store_dir: str | Path, backend: str = "memory", check_structure: bool = True
 ) -> FeatureStore:
-    """Open the features of ``store_dir`` with the backend registered as ``backend``.
+    """Open the features of ``store_dir`` (a path or file URL) with the backend ``backend``.
 
     ``check_structure``: scan the table for NaN and inf first (see ``data.integrity``).
     """
-    meta = layout.read_meta(store_dir)
-    return FEATURE_STORES.create(backend, store_dir, meta, check_structure=check_structure)
+    root = local_path(store_dir, "store")
+    meta = layout.read_meta(root)
+    return FEATURE_STORES.create(backend, root, meta, check_structure=check_structure)

@@ -10,6 +10,7 @@ import numpy as np
 from gnnserve.data import layout
 from gnnserve.data.validate import check_node_ids
 from gnnserve.registry import Registry
+from gnnserve.urls import local_path
 
 
 class GraphStore(abc.ABC):
@@ -104,9 +105,10 @@ GRAPH_STORES: Registry[GraphStore] = Registry("graph_store")
 def open_graph_store(
     store_dir: str | Path, backend: str = "memory", check_structure: bool = True
 ) -> GraphStore:
-    """Open the graph of ``store_dir`` with the backend registered as ``backend``.
+    """Open the graph of ``store_dir`` (a path or file URL) with the backend ``backend``.
 
     ``check_structure``: scan the CSR for out-of-range entries first (see ``data.integrity``).
     """
-    meta = layout.read_meta(store_dir)
-    return GRAPH_STORES.create(backend, store_dir, meta, check_structure=check_structure)
+    root = local_path(store_dir, "store")
+    meta = layout.read_meta(root)
+    return GRAPH_STORES.create(backend, root, meta, check_structure=check_structure)

@@ -16,8 +16,10 @@ from typing import Any, NamedTuple
 
 import torch
 
+from gnnserve.data.meta import read_meta_file
 from gnnserve.errors import GnnServeError, StoreFormatError
 from gnnserve.models.zoo import GNN, ModelConfig, skeleton
+from gnnserve.urls import local_path
 
 CONFIG = "config.json"
 WEIGHTS = "weights.pt"
@@ -76,20 +78,14 @@ def save_checkpoint(
 
 def _read_config(root: Path) -> tuple[ModelConfig, dict[str, Any], str]:
     path = root / CONFIG
-    if not path.is_file():
-        raise StoreFormatError(f"{root} is not a gnnserve checkpoint: {CONFIG} missing", _FIELD)
-    try:
-        doc = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise StoreFormatError(f"{path} is unreadable: {exc}", _FIELD) from exc
-    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-        raise StoreFormatError(f"{path} is not a {FORMAT} config", _FIELD)
-    if doc.get("format_version") != FORMAT_VERSION:
-        raise StoreFormatError(
-            f"{path}: format version {doc.get('format_version')}, this gnnserve reads "
-            f"{FORMAT_VERSION}",
-            _FIELD,
-        )
+    doc = read_meta_file(
+        path,
+        _FIELD,
+        version=FORMAT_VERSION,
+        missing=f"{root} is not a gnnserve checkpoint: {CONFIG} missing",
+        format_name=FORMAT,
+        kind="config",
+    )
     try:
         config = ModelConfig.from_dict(doc.get("model"))  # type: ignore[arg-type]
     except GnnServeError as exc:
@@ -166,8 +162,9 @@ def _check_state(model: GNN, state: dict[str, torch.Tensor], path: Path) -> None
 
 
 def load_checkpoint(directory: str | Path) -> Checkpoint:
-    """Load a checkpoint directory written by :func:`save_checkpoint` (model in eval mode)."""
-    root = Path(directory)
+    """Load a checkpoint directory (a path or file URL) written by :func:`save_checkpoint`
+    (model in eval mode)."""
+    root = local_path(directory, _FIELD)
     if not root.is_dir():
         raise StoreFormatError(f"checkpoint directory not found: {root}", _FIELD)
     config, meta, expected_sha = _read_config(root)

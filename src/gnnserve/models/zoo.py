@@ -1,9 +1,11 @@
-"""Model zoo: GCN, GraphSAGE and GAT stacks on PyG layers, with a full-graph and a block forward.
+"""Model zoo: the GNN stack over any registered architecture, full-graph and block forwards.
 
-The same parameters serve both forward paths. ``forward(x, edge_index)`` is the ordinary PyG
-full-graph forward (training reference); ``forward_blocks`` runs layer by layer over the sampled
-blocks of a :class:`~gnnserve.types.SampledSubgraph` and, with every neighbour sampled, gives the
-full-graph result on the seeds.
+The layers and everything architecture-specific come from the config's :data:`MODELS` entry
+(:mod:`gnnserve.models.arch`: GCN, GraphSAGE, GAT on PyG layers); this module branches on no
+architecture. The same parameters serve both forward paths. ``forward(x, edge_index)`` is the
+ordinary PyG full-graph forward (training reference); ``forward_blocks`` runs layer by layer over
+the sampled blocks of a :class:`~gnnserve.types.SampledSubgraph` and, with every neighbour
+sampled, gives the full-graph result on the seeds.
 """
 
 from __future__ import annotations
@@ -15,16 +17,22 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch_geometric.nn import GATConv, GCNConv, SAGEConv
-from torch_geometric.nn.aggr import MeanAggregation
-from torch_geometric.nn.conv.gcn_conv import gcn_norm
 
 from gnnserve.errors import InvalidInputError
-from gnnserve.registry import Registry
+from gnnserve.models.arch import MODELS, Architecture
+from gnnserve.models.arch.cgp import CGPLayer
 from gnnserve.types import Block
 
-# architecture name -> factory(in_dim, out_dim, is_last, config) building one layer
-MODELS: Registry[torch.nn.Module] = Registry("model")
+__all__ = [
+    "GNN",
+    "MAX_DIM",
+    "MAX_HEADS",
+    "MAX_LAYERS",
+    "MAX_PARAMETERS",
+    "MODELS",
+    "ModelConfig",
+    "skeleton",
+]
 
 
 # Bounds of every ModelConfig field; checkpoints and `gnnserve train` flags beyond them are refused
@@ -47,7 +55,7 @@ _BOUNDS = {
 class ModelConfig:
     """Architecture and sizes of a GNN; validated on construction (bounds: ``MAX_*`` above)."""
 
-    arch: str  # MODELS name: "gcn" | "sage" | "gat"
+    arch: str  # a MODELS name (gnnserve.models.arch): "gcn" | "sage" | "gat" | registered ones
     in_dim: int  # input feature width F, 1..MAX_DIM
     hidden_dim: int  # width of every hidden representation (GAT: heads * per-head width)
     out_dim: int  # number of classes C (logit width), 1..MAX_DIM
@@ -71,11 +79,7 @@ class ModelConfig:
             raise InvalidInputError(f"dropout must be a number, got {dropout!r}", "dropout")
         if not 0.0 <= float(dropout) < 1.0:
             raise InvalidInputError(f"dropout must be in [0, 1), got {dropout!r}", "dropout")
-        if self.arch == "gat" and self.hidden_dim % self.heads:
-            raise InvalidInputError(
-                f"GAT hidden_dim {self.hidden_dim} must be a multiple of heads {self.heads}",
-                "hidden_dim",
-            )
+        MODELS.create(self.arch).check_config(self)
         if self.num_parameters() > MAX_PARAMETERS:
             raise InvalidInputError(
                 f"this config has {self.num_parameters():,} parameters, more than the limit "
@@ -107,149 +111,38 @@ class ModelConfig:
             raise InvalidInputError(f"incomplete model config: {exc}", "model") from exc
 
 
-@MODELS.register("gcn")
-def _gcn_layer(in_dim: int, out_dim: int, is_last: bool, config: ModelConfig) -> torch.nn.Module:
-    # normalize=False: both forward paths supply the symmetric normalisation as edge weights
-    return GCNConv(in_dim, out_dim, normalize=False)
-
-
-@MODELS.register("sage")
-def _sage_layer(in_dim: int, out_dim: int, is_last: bool, config: ModelConfig) -> torch.nn.Module:
-    return SAGEConv(in_dim, out_dim, aggr="mean")
-
-
-@MODELS.register("gat")
-def _gat_layer(in_dim: int, out_dim: int, is_last: bool, config: ModelConfig) -> torch.nn.Module:
-    if is_last:
-        return GATConv(in_dim, out_dim, heads=1, concat=False)
-    return GATConv(in_dim, out_dim // config.heads, heads=config.heads, concat=True)
-
-
-def gcn_block_weights(block: Block, in_degree: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """GCN edges and weights of one block, self loops of the destinations included.
-
-    Weight of ``j -> i``: ``(d_i / s_i) / sqrt((d_j + 1)(d_i + 1))`` with ``d`` the full-graph
-    in-degree and ``s_i`` the number of sampled (non-loop) edges into ``i``; the self loop gets
-    ``1 / (d_i + 1)``. With every neighbour sampled ``s_i = d_i`` and this is exactly PyG's
-    ``gcn_norm`` when ``in_degree`` does not count self loops (gcn_norm keeps one loop per node);
-    with sampling, ``d_i / s_i`` keeps the aggregate an unbiased estimate of the full one.
-    """
-    src, dst = block.edge_index[0], block.edge_index[1]
-    keep = src != dst  # the self loop is added once below, as gcn_norm does
-    src, dst = src[keep], dst[keep]
-    deg = in_degree[: block.n_src].to(torch.float32)
-    norm = (deg + 1.0).rsqrt()
-    sampled = torch.bincount(dst, minlength=block.n_dst).to(torch.float32)
-    scale = deg[: block.n_dst] / sampled.clamp(min=1.0)
-    weight = norm[src] * norm[dst] * scale[dst]
-    loops = torch.arange(block.n_dst, dtype=src.dtype, device=src.device)
-    edge_index = torch.stack([torch.cat([src, loops]), torch.cat([dst, loops])])
-    return edge_index, torch.cat([weight, norm[: block.n_dst].square()])
-
-
-def _gcn_block_conv(
-    conv: GCNConv,
-    h: torch.Tensor,
-    edge_index: torch.Tensor,
-    weight: torch.Tensor,
-    size: tuple[int, int],
-) -> torch.Tensor:
-    """``A (h W)`` of a GCN layer without bias, in the cheaper order.
-
-    The aggregation and the (bias-free) linear map commute: aggregating first costs
-    ``E*in + n_dst*in*out`` multiply-adds, projecting first ``n_src*in*out + E*out``.
-    """
-    if _aggregate_first(edge_index.size(1), size, h.size(1), conv.out_channels):
-        return conv.lin(weighted_sum(edge_index, weight, h, size))
-    return weighted_sum(edge_index, weight, conv.lin(h), size)
-
-
-def _aggregate_first(n_edges: int, size: tuple[int, int], d_in: int, d_out: int) -> bool:
-    """Whether aggregating before a (bias-free) linear map is cheaper than projecting first:
-    ``E*in + n_dst*in*out`` against ``n_src*in*out + E*out`` multiply-adds."""
-    n_src, n_dst = size
-    return n_edges * d_in + n_dst * d_in * d_out < n_src * d_in * d_out + n_edges * d_out
-
-
-def weighted_sum(
-    edge_index: torch.Tensor, weight: torch.Tensor, h: torch.Tensor, size: tuple[int, int]
-) -> torch.Tensor:
-    """[n_dst, width]: ``sum_e weight[e] * h[src[e]]`` per destination, as one sparse matmul.
-
-    Unlike PyG's gather-scatter it never materialises an [E, width] message tensor, which for
-    wide raw features (fb100: 4,735 columns) is gigabytes per request.
-    """
-    n_src, n_dst = size
-    index = torch.stack([edge_index[1], edge_index[0]])
-    adj = torch.sparse_coo_tensor(index, weight.to(h.dtype), (n_dst, n_src), check_invariants=False)
-    return torch.sparse.mm(adj, h)
-
-
-def _plain_mean_sage(conv: SAGEConv) -> bool:
-    return (
-        isinstance(conv.aggr_module, MeanAggregation)
-        and not conv.project
-        and not conv.normalize
-        and conv.root_weight
-    )
-
-
-def _sage_block_conv(conv: SAGEConv, h: torch.Tensor, block: Block) -> torch.Tensor:
-    """SAGEConv(aggr="mean") over a block: ``W_l mean_j h_j + b_l + W_r h_i``, the mean as a
-    sparse matmul (projected first when that is cheaper; the bias is added after the mean)."""
-    size = (block.n_src, block.n_dst)
-    edge_index = block.edge_index
-    count = torch.bincount(edge_index[1], minlength=block.n_dst).clamp(min=1)
-    weight = 1.0 / count[edge_index[1]].to(h.dtype)
-    lin_l = conv.lin_l
-    if _aggregate_first(edge_index.size(1), size, h.size(1), conv.out_channels):
-        out = lin_l(weighted_sum(edge_index, weight, h, size))
-    else:
-        out = weighted_sum(edge_index, weight, F.linear(h, lin_l.weight), size)
-        out = out + lin_l.bias if lin_l.bias is not None else out
-    return out + conv.lin_r(h[: block.n_dst])
-
-
 class GNN(torch.nn.Module):
     """A stack of ``num_layers`` PyG convolutions with ReLU (and training-time dropout) between."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.config = config
+        self.architecture: Architecture = MODELS.create(config.arch)
         dims = [config.in_dim] + [config.hidden_dim] * (config.num_layers - 1) + [config.out_dim]
         last = config.num_layers - 1
         self.convs = torch.nn.ModuleList(
-            MODELS.create(config.arch, dims[i], dims[i + 1], i == last, config)
+            self.architecture.make_layer(dims[i], dims[i + 1], i == last, config)
             for i in range(config.num_layers)
         )
+
+    @property
+    def needs_degree(self) -> bool:
+        """Whether the block forwards read ``in_degree`` (else an empty tensor will do)."""
+        return self.architecture.needs_degree
 
     def _drop(self, h: torch.Tensor) -> torch.Tensor:
         return F.dropout(h, p=self.config.dropout, training=self.training)
 
     def forward(self, x: torch.Tensor, edge_index: torch.Tensor) -> torch.Tensor:
         """Full-graph forward: logits float32 [N, out_dim] of every node of ``x`` [N, in_dim]."""
-        weight = None
-        if self.config.arch == "gcn":
-            edge_index, weight = gcn_norm(edge_index, None, x.size(0), False, True, dtype=x.dtype)
+        arch = self.architecture
+        edge_index, weight = arch.full_graph(x, edge_index)
         h = x
         for i, conv in enumerate(self.convs):
-            h = self._drop(h)
-            h = conv(h, edge_index, weight) if weight is not None else conv(h, edge_index)
+            h = arch.full_layer(conv, self._drop(h), edge_index, weight)
             if i < len(self.convs) - 1:
                 h = F.relu(h)
         return h
-
-    def _layer(
-        self, conv: torch.nn.Module, h: torch.Tensor, block: Block, in_degree: torch.Tensor
-    ) -> torch.Tensor:
-        size = (block.n_src, block.n_dst)
-        if isinstance(conv, GCNConv):
-            edge_index, weight = gcn_block_weights(block, in_degree)
-            out = _gcn_block_conv(conv, h, edge_index, weight, size)
-            return out + conv.bias if conv.bias is not None else out
-        if isinstance(conv, SAGEConv) and _plain_mean_sage(conv):
-            return _sage_block_conv(conv, h, block)
-        return conv((h, h[: block.n_dst]), block.edge_index, size=size)
 
     def layer_forward(
         self, index: int, h: torch.Tensor, block: Block, in_degree: torch.Tensor
@@ -258,10 +151,11 @@ class GNN(torch.nn.Module):
 
         ``h``: float32 [block.n_src, width] inputs in local order (destinations first);
         ``in_degree``: float32 [block.n_src] in-degrees of the same nodes, self loops not counted
-        (GCN only). Returns [block.n_dst, out width]. The building block of layer-wise inference
-        with precomputed embeddings, where each layer's inputs are assembled from several sources.
+        (read only when :attr:`needs_degree`). Returns [block.n_dst, out width]. The building
+        block of layer-wise inference with precomputed embeddings (precompute, SRPE), where each
+        layer's inputs are assembled from several sources.
         """
-        h = self._layer(self.convs[index], self._drop(h), block, in_degree)
+        h = self.architecture.block_layer(self.convs[index], self._drop(h), block, in_degree)
         return F.relu(h) if index < len(self.convs) - 1 else h
 
     def forward_blocks(
@@ -271,7 +165,8 @@ class GNN(torch.nn.Module):
 
         ``x``: float32 [blocks[0].n_src, in_dim] input features in local order; ``in_degree``:
         float32 [blocks[0].n_src] full-graph in-degrees of the same nodes, self loops not counted
-        (GCN only; on a loop-free graph this is the store's in-degree).
+        (read only when :attr:`needs_degree`; on a loop-free graph this is the store's
+        in-degree).
         Returns (logits [n_seeds, out_dim], embedding [n_seeds, hidden_dim]) where n_seeds is the
         last block's ``n_dst`` and the embedding is the representation fed to the last layer.
         """
@@ -281,10 +176,15 @@ class GNN(torch.nn.Module):
         for i, (conv, block) in enumerate(zip(self.convs, blocks, strict=True)):
             if i == len(blocks) - 1:
                 embedding = h[: block.n_dst]
-            h = self._layer(conv, self._drop(h), block, in_degree)
+            h = self.architecture.block_layer(conv, self._drop(h), block, in_degree)
             if i < len(blocks) - 1:
                 h = F.relu(h)
         return h, embedding
+
+    def cgp_layers(self) -> list[CGPLayer]:
+        """Every layer's parameters as the plain-tensor layers a CGP worker runs (input layer
+        first); InvalidInputError (field ``model``) where the architecture has no CGP form."""
+        return [self.architecture.export(conv) for conv in self.convs]
 
     def _check_blocks(self, x: torch.Tensor, blocks: Sequence[Block], deg: torch.Tensor) -> None:
         if len(blocks) != len(self.convs):
@@ -295,7 +195,7 @@ class GNN(torch.nn.Module):
             raise InvalidInputError(
                 f"x must be [{blocks[0].n_src}, {self.config.in_dim}], got {list(x.shape)}", "x"
             )
-        if self.config.arch == "gcn" and deg.numel() < blocks[0].n_src:
+        if self.needs_degree and deg.numel() < blocks[0].n_src:
             raise InvalidInputError(
                 f"in_degree has {deg.numel()} entries, need {blocks[0].n_src}", "in_degree"
             )

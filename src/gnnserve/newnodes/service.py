@@ -20,6 +20,7 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -42,7 +43,7 @@ from gnnserve.graph.base import GraphStore
 from gnnserve.models.runner import ModelRunner
 from gnnserve.newnodes.inference import MODES, NewNodeInference
 from gnnserve.newnodes.parse import parse_new_nodes, parse_output
-from gnnserve.newnodes.result import RunOptions, check_run_options
+from gnnserve.newnodes.result import NewNodeResult, RunOptions, check_run_options
 from gnnserve.types import InferenceResult, NewNodes, OutputKind, StageTimings
 
 log = logging.getLogger(__name__)
@@ -176,6 +177,17 @@ class ReadLock(Protocol):
         """End a read started with ``acquire_read``."""
 
 
+RunNewNodes = Callable[[NewNodeInference, NewNodes, str, RunOptions], NewNodeResult]
+
+
+def run_locally(
+    local: NewNodeInference, new: NewNodes, mode: str, options: RunOptions
+) -> NewNodeResult:
+    """Run a new-node request with the single-process inference (the default ``run``)."""
+    o = options
+    return local.run(new, mode, o.gamma, o.policy, o.fanouts, o.seed)
+
+
 class NewNodeService:
     """Queue and worker thread answering new-node requests with :class:`NewNodeInference`.
 
@@ -184,7 +196,9 @@ class NewNodeService:
     (checked at start-up); when None, every request is refused with ``unavailable`` (409).
     ``admission`` is shared with the existing-node path; ``backlog`` accounts for this queue in
     its delay predictions. ``config`` gives the default mode, gamma and policy and the limit on
-    new nodes per request. The :class:`NewNodeInference` is built on first use.
+    new nodes per request. The :class:`NewNodeInference` is built on first use; ``run`` answers
+    each admitted request with it (default :func:`run_locally`; an executor may run some modes
+    elsewhere, e.g. CGP workers).
     """
 
     def __init__(
@@ -199,6 +213,7 @@ class NewNodeService:
         *,
         reads: ReadLock | None = None,
         unavailable: GnnServeError | None = None,
+        run: RunNewNodes = run_locally,
     ) -> None:
         self.runner = runner
         self.graph = graph
@@ -209,6 +224,7 @@ class NewNodeService:
         self.config = config
         self.reads: ReadLock = graph if reads is None else reads
         self.unavailable = unavailable
+        self._run_request = run
         bound = admission.config.max_queue_requests + 1  # admission bounds it; +1: STOP
         self._queue: queue.Queue[object] = queue.Queue(bound)
         self._lock = threading.Lock()  # admit + enqueue vs. stop: nothing lands after STOP
@@ -353,9 +369,7 @@ class NewNodeService:
         graph_version = self.reads.acquire_read()
         try:
             check_embeddings(self._pes(), runner.version, self.graph)
-            out = self.inference().run(
-                request.new, request.mode, opts.gamma, opts.policy, opts.fanouts, opts.seed
-            )
+            out = self._run_request(self.inference(), request.new, request.mode, opts)
         finally:
             self.reads.release_read()
         logits, embedding = out.logits.cpu(), out.embedding.cpu()

@@ -30,16 +30,18 @@ vertices (rows) and applies their events with the same kernels, so a partitioned
 sampling workers, ``gnnserve.deploy.dgs``) that applies each vertex's events in order holds
 exactly the reservoirs of a single ``PreSampler`` fed the same event sequence.
 
+``PreSampler`` is a :class:`gnnserve.graph.events.UpdateListener`: subscribed to a changing
+graph (``DynamicStore.subscribe``, which the engine does), it receives every applied batch.
+
 Threading: concurrent ``sample`` calls are safe (read-only, own scratch map each); callers
 serialise updates (``on_*``, ``apply_events``) against each other and against ``sample`` (the
-dynamic store holds a readers-writer lock). ``neighbors_of`` must not raise: a failed batch is
-left half applied.
+dynamic store calls its listeners under its writer lock). ``neighbors_of`` must not raise: a
+failed batch is left half applied.
 """
 
 from __future__ import annotations
 
 import queue
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -47,12 +49,11 @@ import numpy as np
 from gnnserve.data.validate import check_node_ids
 from gnnserve.errors import InvalidInputError
 from gnnserve.fanouts import check_fanouts
+from gnnserve.graph.events import DELETE, INSERT, NeighborsOf
 from gnnserve.sampling import presample_kernels as pk
 from gnnserve.sampling.sampler import to_subgraph
 from gnnserve.types import SampledSubgraph
 
-NeighborsOf = Callable[[int], np.ndarray]  # v -> v's current in-neighbour ids (after the update)
-INSERT, DELETE = pk.INSERT, pk.DELETE
 CHANGE_COLUMNS = ("query", "vertex", "added", "removed")  # rows returned by the updates; -1 = none
 _MASK = 2**64 - 1
 _IDENTITY = np.empty(0, dtype=np.int64)  # row_of for tables whose row = vertex id
@@ -171,6 +172,9 @@ class ReservoirTable:
 class PreSampler:
     """Reservoirs of the installed query ``fanouts`` over an in-neighbour CSR, kept current.
 
+    An UpdateListener (``graph.events``): build it from the graph's CSR, then subscribe it to
+    the store, at the same graph version (no batch in between).
+
     Memory: one int64 table [N_cap, sum of distinct fanouts] (8 bytes per slot) plus int64
     counts [N_cap, queries], degrees and draw counters [N_cap]; capacity doubles when nodes are
     added. The degrees are tracked here from the events, so the store must report every change
@@ -194,11 +198,6 @@ class PreSampler:
         """Number of vertices N (ids 0 .. N-1)."""
         return self._n
 
-    @property
-    def memory_bytes(self) -> int:
-        """Bytes held by the reservoir table, counts, degrees and draw counters (capacity)."""
-        return self._res.nbytes
-
     def reservoir(self, v: int, hop: int) -> np.ndarray:
         """Copy of v's current reservoir for hop ``hop`` (int64, min(fanout, degree) entries)."""
         v = int(check_node_ids(np.array([v]), self._n, "v")[0])
@@ -208,9 +207,19 @@ class PreSampler:
 
     def on_add_node(self) -> int:
         """Register a new vertex (id = old num_nodes) with empty reservoirs; returns its id."""
-        self._res.grow(self._n + 1)
-        self._n += 1
+        self.on_add_nodes(1)
         return self._n - 1
+
+    def on_add_nodes(self, count: int) -> None:
+        """UpdateListener: ``count`` vertices were added (the next ids), empty reservoirs."""
+        self._res.grow(self._n + count)
+        self._n += count
+
+    def on_edge_events(
+        self, kinds: np.ndarray, srcs: np.ndarray, dsts: np.ndarray, neighbors_of: NeighborsOf
+    ) -> None:
+        """UpdateListener: the graph applied these edge events; see :meth:`apply_events`."""
+        self.apply_events(kinds, srcs, dsts, neighbors_of)
 
     def on_insert(self, src: int, dst: int, neighbors_of: NeighborsOf | None = None) -> np.ndarray:
         """Edge src -> dst was added (no neighbour list needed); changes as ``apply_events``."""

@@ -18,10 +18,8 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from gnnserve.graph.events import DELETE, INSERT  # noqa: F401 (event kinds, re-exported)
 from gnnserve.sampling.kernels import relabel, reserve, reset_map, row_key, unique_seeds
-
-INSERT = 0  # event kind: edge src -> dst added
-DELETE = 1  # event kind: edge src -> dst removed
 
 
 @numba.njit(inline="always")

@@ -25,10 +25,9 @@ import numpy as np
 import ray
 import torch
 
-from gnnserve.deploy.cgp.layers import GATParams, GCNParams, LayerParams, SAGEParams
 from gnnserve.deploy.cgp.partition import build_partitions, split_request
 from gnnserve.deploy.cgp.worker import CGPWorker, RunSpec, WorkerOutput
-from gnnserve.deploy.dgs.service import start_ray
+from gnnserve.deploy.ray import start_ray, stop_ray
 from gnnserve.embeddings.base import EmbeddingStore, check_importance, check_serving_stores
 from gnnserve.errors import InvalidInputError
 from gnnserve.features.base import FeatureStore
@@ -87,43 +86,6 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _tensor(t: torch.Tensor | None) -> torch.Tensor | None:
-    return None if t is None else t.detach().cpu().clone()
-
-
-def _layer(arch: str, conv: Any) -> LayerParams:
-    """The weights of one PyG layer of ``arch`` as plain tensors (refusing unsupported
-    options: SAGE projection / normalisation, GAT residual / edge features)."""
-    if arch == "gcn":
-        return GCNParams(conv.lin.weight.detach().cpu().clone(), _tensor(conv.bias))
-    if arch == "sage":
-        if conv.aggr != "mean" or conv.project or conv.normalize or not conv.root_weight:
-            message = "CGP supports SAGE layers with mean aggregation and root weight only"
-            raise InvalidInputError(message, "model")
-        lin_l, lin_r = conv.lin_l, conv.lin_r
-        weight_r = lin_r.weight.detach().cpu().clone()
-        return SAGEParams(lin_l.weight.detach().cpu().clone(), _tensor(lin_l.bias), weight_r)
-    if arch == "gat":
-        if conv.lin is None or conv.res is not None or conv.edge_dim is not None:
-            raise InvalidInputError("CGP supports GAT layers without residual or edges", "model")
-        heads, width = conv.heads, conv.out_channels
-        return GATParams(
-            weight=conv.lin.weight.detach().cpu().clone(),
-            att_src=conv.att_src.detach().cpu().reshape(heads, width).clone(),
-            att_dst=conv.att_dst.detach().cpu().reshape(heads, width).clone(),
-            bias=_tensor(conv.bias),
-            concat=bool(conv.concat),
-            negative_slope=float(conv.negative_slope),
-        )
-    raise InvalidInputError(f"CGP does not support the {arch!r} architecture", "model")
-
-
-def layer_params(model: GNN) -> list[LayerParams]:
-    """Every layer of ``model`` as the plain tensors a :class:`CGPWorker` runs."""
-    arch = model.config.arch
-    return [_layer(arch, conv) for conv in model.convs]
-
-
 class CGPService:
     """P workers answering new-node requests with SRPE + computation graph parallelism.
 
@@ -152,7 +114,7 @@ class CGPService:
         threads = _count(threads_per_worker, "threads_per_worker")
         self.model = model.eval()
         check_serving_stores(model.config, graph.num_nodes, features, embeddings)
-        layers = layer_params(model)
+        layers = model.cgp_layers()  # plain tensors: the workers never import torch_geometric
         self.num_nodes, self.num_layers = graph.num_nodes, model.config.num_layers
         if importance is None:
             importance = importance_scores(graph.in_degree(), *graph.csr())
@@ -238,9 +200,8 @@ class CGPService:
                 ray.get([w.close.remote() for w in workers], timeout=30)
             for actor in workers:
                 ray.kill(actor)
-        if self._owns_ray:
-            self._owns_ray = False
-            ray.shutdown()
+        owned, self._owns_ray = self._owns_ray, False
+        stop_ray(owned)
 
     def __enter__(self) -> CGPService:
         return self

@@ -15,18 +15,21 @@ process group:
    its own sources (features at layer 1; computed rows for sources in C, their PEs otherwise, at
    layers >= 2) into a partial per destination, sends each destination's partial to the
    destination's owner (``all_to_all_single``), and the owner merges them and applies the self
-   term, bias and activation (:mod:`gnnserve.deploy.cgp.merge`).
+   term, bias and activation. How a layer aggregates and merges is its architecture's
+   :class:`~gnnserve.models.arch.cgp.CGPLayer` (:mod:`gnnserve.models.arch`); the worker only
+   offers it the rows, blocks, degrees and collectives (:class:`LayerInputs`).
 
-GCN uses the single-process normalisation ``1 / sqrt((d_j + 1)(d_i + 1))`` with ``d`` the
-in-degree in G' (request in-edges counted for Q and S); SAGE exchanges (sum, count); GAT first
-all-gathers each destination's attention term, then exchanges softmax partials (per head: the
-log-sum-exp of the local logits and the softmax-weighted mean, :func:`merge.pack`); the owner
-adds the self loop. GCN and SAGE aggregate the source rows in place (one sparse matmul per row
-table, no per-edge message tensor) and project the partial when the layer narrows it, so the
-exchange carries ``min(in, out)`` columns. Bytes sent to other workers are counted
-(``Exchange.bytes_sent``, and per step in ``Exchange.bytes_by``).
+The built-in layers (:mod:`gnnserve.models.arch`): GCN uses the single-process normalisation
+``1 / sqrt((d_j + 1)(d_i + 1))`` with ``d`` the in-degree in G' (request in-edges counted for Q
+and S); SAGE exchanges (sum, count); GAT first all-gathers each destination's attention term,
+then exchanges softmax partials (per head: the log-sum-exp of the local logits and the
+softmax-weighted mean, :func:`merge.pack`); the owner adds the self loop. GCN and SAGE aggregate
+the source rows in place (one sparse matmul per row table, no per-edge message tensor) and
+project the partial when the layer narrows it, so the exchange carries ``min(in, out)`` columns.
+Bytes sent to other workers are counted (``Exchange.bytes_sent``, and per step in
+``Exchange.bytes_by``).
 
-Workers get each layer's weights as plain tensors (:data:`LayerParams`), not the PyG model: the
+Workers get each layer's weights as plain tensors (``GNN.cgp_layers``), not the PyG model: the
 worker processes then never import torch_geometric (seconds of start-up per actor).
 """
 
@@ -43,22 +46,11 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from gnnserve.deploy.cgp import merge
 from gnnserve.deploy.cgp.exchange import Exchange
-from gnnserve.deploy.cgp.layers import (
-    GATParams,
-    GCNParams,
-    LayerParams,
-    LocalBlock,
-    SAGEParams,
-    Shuffle,
-    SourceRows,
-    gat_layer,
-    gcn_layer,
-    sage_layer,
-)
 from gnnserve.deploy.cgp.partition import Partition, RequestPart, owner
 from gnnserve.deploy.cgp.rows import encoded_nbytes
+from gnnserve.models.arch import merge
+from gnnserve.models.arch.cgp import CGPLayer, Gather, LayerInputs, LocalBlock, Shuffle, SourceRows
 from gnnserve.newnodes.policies import (
     POLICIES,
     Candidates,
@@ -140,7 +132,7 @@ class CGPWorker:
     dropout); ``threads``: torch intra-op threads of this process.
     """
 
-    def __init__(self, part: Partition, layers: Sequence[LayerParams], threads: int = 1) -> None:
+    def __init__(self, part: Partition, layers: Sequence[CGPLayer], threads: int = 1) -> None:
         torch.set_num_threads(max(1, int(threads)))
         self.part = part
         self.rank, self.world = part.rank, part.num_parts
@@ -314,6 +306,18 @@ class CGPWorker:
 
         return run
 
+    def _gather(self, owned: list[np.ndarray], n_dst: int, layer: int) -> Gather:
+        """Owners broadcast rows of their destinations; [n_dst, ...] rows of every one."""
+        order = torch.from_numpy(np.concatenate(owned))
+
+        def run(mine: torch.Tensor, what: str) -> torch.Tensor:
+            got = self.comm.broadcast_rows(mine, [o.size for o in owned], f"layer {layer} {what}")
+            out = torch.empty(n_dst, *mine.shape[1:])
+            out[order] = got
+            return out
+
+        return run
+
     def _layer(
         self,
         layer: int,
@@ -324,30 +328,18 @@ class CGPWorker:
         deg: _Degrees,
         layout: Layout,
     ) -> torch.Tensor:
-        params = self.layers[layer]
-        shuffle = self._shuffle(owned, f"layer {layer + 1} partials")
-        if isinstance(params, GCNParams):
-            mine = layout.computed[owned[self.rank]]
-            return gcn_layer(params, rows, block, h_self, deg(block.sources), deg(mine), shuffle)
-        if isinstance(params, SAGEParams):
-            return sage_layer(params, rows, block, h_self, shuffle)
-        alpha = self._alpha_dst(params, h_self, owned, block.n_dst, f"layer {layer + 1} attention")
-        return gat_layer(params, rows.get(block.sources), block, h_self, alpha, shuffle)
-
-    def _alpha_dst(
-        self,
-        params: GATParams,
-        h_self: torch.Tensor,
-        owned: list[np.ndarray],
-        n_dst: int,
-        tag: str,
-    ) -> torch.Tensor:
-        """[n_dst, H] destination attention terms of every destination (owners broadcast)."""
-        mine = (params.project(h_self) * params.att_dst).sum(-1)
-        got = self.comm.broadcast_rows(mine, [o.size for o in owned], tag)
-        out = torch.empty(n_dst, params.heads)
-        out[torch.from_numpy(np.concatenate(owned))] = got
-        return out
+        """Layer ``layer`` (0-based) of the owned destinations, run by the layer's own
+        :class:`CGPLayer` (partials, exchange, merge)."""
+        inputs = LayerInputs(
+            rows=rows,
+            block=block,
+            h_self=h_self,
+            dst_ids=layout.computed[owned[self.rank]],
+            shuffle=self._shuffle(owned, f"layer {layer + 1} partials"),
+            gather=self._gather(owned, block.n_dst, layer + 1),
+            degree=deg,
+        )
+        return self.layers[layer].run(inputs)
 
     # ------------------------------------------------------------------ accounting
 

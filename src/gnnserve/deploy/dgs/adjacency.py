@@ -12,7 +12,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from gnnserve.graph.segments import segment_delete, segment_insert
+from gnnserve.dynamic.segments import segment_delete, segment_insert
 from gnnserve.sampling.presample_kernels import INSERT
 
 

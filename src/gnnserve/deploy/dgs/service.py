@@ -44,6 +44,7 @@ from gnnserve.data.validate import check_node_ids
 from gnnserve.deploy.dgs.partition import KeyRanges, Modulo, split
 from gnnserve.deploy.dgs.sampling_worker import SamplingWorker
 from gnnserve.deploy.dgs.serving_worker import ServingWorker
+from gnnserve.deploy.ray import start_ray, stop_ray
 from gnnserve.errors import InvalidInputError
 from gnnserve.fanouts import check_fanouts
 from gnnserve.sampling import presample_kernels as pk
@@ -60,14 +61,6 @@ def _count(value: object, field: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
         raise InvalidInputError(f"{field} must be an int >= 1, got {value!r}", field)
     return int(value)
-
-
-def start_ray(num_cpus: int) -> bool:
-    """Start a local Ray instance (no dashboard) unless one is running; True if started here."""
-    if ray.is_initialized():
-        return False
-    ray.init(num_cpus=num_cpus, include_dashboard=False, configure_logging=False)
-    return True
 
 
 class DGSService:
@@ -264,8 +257,8 @@ class DGSService:
         for actor in self._samplers + self._servers:
             ray.kill(actor)
         self._samplers, self._servers = [], []
-        if self._owns_ray:
-            ray.shutdown()
+        stop_ray(self._owns_ray)
+        self._owns_ray = False
 
     def __enter__(self) -> DGSService:
         return self

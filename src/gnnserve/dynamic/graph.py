@@ -13,8 +13,8 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from gnnserve.dynamic.segments import segment_delete, segment_insert
 from gnnserve.graph.base import GraphStore
-from gnnserve.graph.segments import segment_delete, segment_insert
 
 
 @numba.njit(nogil=True, cache=True)

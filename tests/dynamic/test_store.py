@@ -1,18 +1,24 @@
-"""DynamicStore: random updates match a reference multiset; samples see one version."""
+"""DynamicStore: random updates match a reference multiset; samples see one version;
+listeners get every batch."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import threading
 from collections import Counter
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from gnnserve.dynamic.store import DynamicStore
+from gnnserve.dynamic.updates import UpdateRejectedError
 from gnnserve.features import open_feature_store
 from gnnserve.graph import open_graph_store
-from gnnserve.graph.dynamic_store import DynamicStore
-from gnnserve.graph.updates import UpdateRejectedError
+from gnnserve.graph.events import DELETE, INSERT, UpdateListener
 from gnnserve.sampling import NeighborSampler
+from gnnserve.sampling.presample import PreSampler
 
 
 def _reference(store: Path) -> tuple[Counter[tuple[int, int]], int]:
@@ -162,8 +168,8 @@ def test_log_of_another_store_is_refused(small_store: Path, tmp_path) -> None:
 def test_replay_refuses_a_record_the_api_would_reject(
     small_store: Path, tmp_path, op: dict, index: int
 ) -> None:
+    from gnnserve.dynamic.wal import UpdateLog
     from gnnserve.errors import StoreFormatError
-    from gnnserve.graph.wal import UpdateLog
 
     log_path = tmp_path / "log"
     store = _open(small_store, log_path)
@@ -182,3 +188,93 @@ def test_replay_refuses_a_record_the_api_would_reject(
     message = info.value.message
     assert "seq 2" in message and f"op {index}" in message and f"ops[{index}]" in message
     assert log_path.read_bytes() == before  # neither truncated nor appended to
+
+
+def _reader_waits(store: DynamicStore) -> bool:
+    """True when a reader trying to pin a version now has to wait (a writer holds the lock)."""
+    got = threading.Event()
+
+    def read() -> None:
+        store.view.acquire_read()
+        got.set()
+        store.view.release_read()
+
+    threading.Thread(target=read, daemon=True).start()
+    return not got.wait(0.05)
+
+
+class _Recorder:
+    """An UpdateListener writing each call, and the store's state then, into a shared list."""
+
+    def __init__(self, name: str, store: DynamicStore, calls: list, check_lock: bool) -> None:
+        self.name, self.store, self.calls, self.check_lock = name, store, calls, check_lock
+
+    def _state(self) -> tuple[int, int]:
+        if self.check_lock:  # once: a reader waiting costs 50 ms
+            self.check_lock = False
+            assert _reader_waits(self.store), "listener called outside the write lock"
+        return self.store.graph.num_nodes, self.store.graph.seq
+
+    def on_add_nodes(self, count: int) -> None:
+        self.calls.append((self.name, "nodes", count, self._state()))
+
+    def on_edge_events(self, kinds, srcs, dsts, neighbors_of) -> None:  # type: ignore[no-untyped-def]
+        after = {v: sorted(neighbors_of(v).tolist()) for v in set(dsts.tolist())}
+        events = list(zip(kinds.tolist(), srcs.tolist(), dsts.tolist(), strict=True))
+        self.calls.append((self.name, "edges", events, after, self._state()))
+
+
+def test_listeners_get_each_batch_in_order_after_it_applied(small_store: Path, tmp_path) -> None:
+    edges, n = _reference(small_store)
+    store = _open(small_store, tmp_path / "log")
+    rng = np.random.default_rng(2)
+    store.apply([{"op": "add_edge", "src": 0, "dst": 1}])
+    edges[(0, 1)] += 1
+    calls: list = []
+    for name in ("a", "b"):  # subscribed after batch 1: they see batches 2.. only
+        assert isinstance(_Recorder(name, store, calls, False), UpdateListener)
+        store.subscribe(_Recorder(name, store, calls, check_lock=name == "a"))
+    want: list = []
+    for seq in range(2, 12):
+        ops = _random_batch(rng, edges, n, 16)
+        added = sum(op["op"] == "add_node" for op in ops)
+        n += added
+        store.apply(ops)
+        events = [
+            (INSERT if op["op"] == "add_edge" else DELETE, op["src"], op["dst"])
+            for op in ops
+            if op["op"] in ("add_edge", "delete_edge")
+        ]
+        after: dict[int, list[int]] = {e[2]: [] for e in events}
+        for (u, v), copies in edges.items():
+            if v in after:
+                after[v] += [u] * copies
+        after = {v: sorted(us) for v, us in after.items()}
+        for name in ("a", "b"):
+            if added:
+                want.append((name, "nodes", added, (n, seq)))
+            if events:
+                want.append((name, "edges", events, after, (n, seq)))
+    assert calls == want
+    store.close()
+
+
+def test_presampler_is_an_update_listener(small_store: Path) -> None:
+    graph = open_graph_store(small_store)
+    assert isinstance(PreSampler(*graph.csr(), [2], seed=0), UpdateListener)
+
+
+def test_the_changing_graph_imports_nothing_above_it() -> None:
+    """dynamic/ sits beside sampling/ and above graph/: no import from graph storage upwards."""
+    code = (
+        "import sys, gnnserve.dynamic.store, gnnserve.dynamic.warmup, gnnserve.dynamic.logtool\n"
+        "import gnnserve.graph, gnnserve.graph.events\n"
+        "print(' '.join(sorted(m for m in sys.modules if m.startswith('gnnserve.'))))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+    )
+    loaded = out.stdout.split()
+    above = ("sampling", "models", "embeddings", "newnodes", "engine", "deploy", "server")
+    assert not [m for m in loaded if m.split(".")[1] in above], loaded
+    assert "gnnserve.dynamic.store" in loaded

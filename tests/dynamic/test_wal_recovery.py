@@ -12,11 +12,11 @@ import pytest
 
 from gnnserve.config import ServeConfig
 from gnnserve.demo import free_port, stop_server, wait_ready
+from gnnserve.dynamic.store import DynamicStore
 from gnnserve.engine.loader import build_engine
 from gnnserve.errors import StoreFormatError
 from gnnserve.features import open_feature_store
 from gnnserve.graph import open_graph_store
-from gnnserve.graph.dynamic_store import DynamicStore
 
 BATCHES = 6
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from gnnserve.cli import main
-from gnnserve.graph.wal import UpdateLog, encode_record, replay
+from gnnserve.dynamic.wal import UpdateLog, encode_record, replay
 
 HEADER = [{"op": "base", "checksum": "abc"}]
 

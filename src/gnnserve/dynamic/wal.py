@@ -23,7 +23,7 @@ followed by records, a seq gap or reordering, two damaged lines -- is **corrupti
 raises :class:`~gnnserve.errors.StoreFormatError` naming the byte offset, the expected seq and
 how many valid records follow, and leaves the file untouched. ``gnnserve log verify LOG`` reports
 the same; ``gnnserve log repair LOG --keep-good-prefix`` keeps the good prefix and moves the
-damaged file aside (see :mod:`gnnserve.graph.logtool`).
+damaged file aside (see :mod:`gnnserve.dynamic.logtool`).
 """
 
 from __future__ import annotations

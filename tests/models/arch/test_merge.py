@@ -8,8 +8,8 @@ import pytest
 import torch
 from torch_geometric.nn import aggr
 
-from gnnserve.deploy.cgp import merge
-from gnnserve.deploy.cgp.merge import (
+from gnnserve.models.arch import merge
+from gnnserve.models.arch.merge import (
     MaxPartial,
     MeanPartial,
     SoftmaxPartial,

@@ -1,10 +1,13 @@
-"""Compile the update path's numba kernels before serving.
+"""Compile the update path's numba kernels before serving: an explicit start-up step.
 
 numba compiles a kernel on its first call (seconds, when the on-disk cache is cold). On the
 update path that first call runs under the store's write lock, so without a warm-up the first
 update batch after start-up stalls every reader for seconds. ``warm_up_updates`` runs one small
-batch (node insert, feature upsert, edge insert and delete, compaction, a pre-sampled read)
-through a throw-away store of the same dtypes, once per process and pre-sampling query.
+batch (node insert, feature upsert, edge insert and delete, compaction) through a throw-away
+store of the same dtypes, once per process. Opening a store does not call it: the engine's
+warm-up does (``Engine.warm_up``, skipped with ``compute.warm_up`` off), and so may any tool
+that times updates. Subscribers warm up their own kernels (the pre-sampler's:
+``gnnserve.sampling.warmup``).
 """
 
 from __future__ import annotations
@@ -17,43 +20,37 @@ from pathlib import Path
 
 import numpy as np
 
+from gnnserve.data.writer import GraphData, write_store
+from gnnserve.dynamic.store import DynamicStore
+from gnnserve.features import open_feature_store
+from gnnserve.graph import open_graph_store
+
 log = logging.getLogger(__name__)
-_done: set[tuple[int, ...]] = set()
+_done = False
 _lock = threading.Lock()
 
 
-def warm_up_updates(fanouts: list[int] | None = None) -> float:
-    """Exercise the update kernels (and the pre-sampler's for ``fanouts``); returns ms spent."""
-    key = tuple(fanouts or ())
+def warm_up_updates() -> float:
+    """Exercise the update kernels once per process; returns ms spent (0.0 after the first)."""
+    global _done
     with _lock:
-        if key in _done:
+        if _done:
             return 0.0
-        _done.add(key)
+        _done = True
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="gnnserve-warmup-") as tmp:
-        _exercise(Path(tmp), list(key))
+        _exercise(Path(tmp))
     elapsed = (time.perf_counter() - start) * 1e3
-    log.info("update kernels warmed up in %.0f ms (fanouts %s)", elapsed, list(key) or None)
+    log.info("update kernels warmed up in %.0f ms", elapsed)
     return elapsed
 
 
-def _exercise(tmp: Path, fanouts: list[int]) -> None:
-    # imported here: dynamic_store imports this module
-    from gnnserve.data.writer import GraphData, write_store
-    from gnnserve.features import open_feature_store
-    from gnnserve.graph import open_graph_store
-    from gnnserve.graph.dynamic_store import DynamicStore
-    from gnnserve.sampling.presample import PreSampler
-
+def _exercise(tmp: Path) -> None:
     ring = np.array([[0, 1, 2, 3], [1, 2, 3, 0]], dtype=np.int64)
     write_store(GraphData("warmup", 4, ring, np.zeros((4, 1), np.float32)), tmp / "store")
     graph, features = open_graph_store(tmp / "store"), open_feature_store(tmp / "store")
     dyn = DynamicStore(graph, features, tmp / "log", fsync="never")
     try:
-        presampler = None
-        if fanouts:
-            presampler = PreSampler(*dyn.graph.csr(), fanouts, seed=0)
-            dyn.attach(presampler)
         dyn.apply(
             [
                 {"op": "add_node", "features": [1.0]},
@@ -64,7 +61,5 @@ def _exercise(tmp: Path, fanouts: list[int]) -> None:
             ]
         )
         dyn.compact()
-        if presampler is not None:
-            presampler.sample(np.array([0, 1], dtype=np.int64))
     finally:
         dyn.close()

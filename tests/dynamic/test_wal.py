@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from gnnserve.dynamic.wal import UpdateLog, encode_record, replay, scan_log
 from gnnserve.errors import StoreFormatError
-from gnnserve.graph.wal import UpdateLog, encode_record, replay, scan_log
 
 HEADER = [{"op": "base", "checksum": "abc"}]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gnnserve.graph.updates import UpdateRejectedError, parse_batch
+from gnnserve.dynamic.updates import UpdateRejectedError, parse_batch
 
 DIM = 4
 F32_MAX = float(np.finfo(np.float32).max)  # 3.4028235e38

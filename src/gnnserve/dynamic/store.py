@@ -1,11 +1,15 @@
 """DynamicStore: a graph and its features that change, durably, with one version for both.
 
 ``apply(ops)`` validates a batch against the current state, appends it to the update log (the
-acknowledgement waits for it), then applies it under the write lock and advances the version.
-Readers (inference batches) hold the read lock from sampling until their features are fetched,
-so each batch sees exactly one version. A background thread compacts the adjacency when more
-than half of it is holes or slack: it copies with writers paused and readers running, then swaps
-the arrays in under a brief write lock.
+acknowledgement waits for it), then applies it under the write lock, advances the version and
+reports it to the subscribed listeners (``subscribe``; see ``gnnserve.graph.events``). Readers
+(inference batches) read through ``view`` (``dynamic.view``): they pin a version from sampling
+until their features are fetched, so each batch sees exactly one version. A background thread
+compacts the adjacency when more than half of it is holes or slack: it copies with writers
+paused and readers running, then swaps the arrays in under a brief write lock.
+
+Opening a store compiles nothing: the update path's kernels compile on first use, or before
+serving by the explicit start-up step ``dynamic.warmup.warm_up_updates`` (the engine's warm-up).
 """
 
 from __future__ import annotations
@@ -19,16 +23,17 @@ from typing import Any
 
 import numpy as np
 
+from gnnserve.dynamic.features import DynamicFeatures
+from gnnserve.dynamic.graph import DynamicGraph
+from gnnserve.dynamic.rwlock import ReadWriteLock
+from gnnserve.dynamic.updates import ParsedBatch, UpdateRejectedError, parse_batch
+from gnnserve.dynamic.view import VersionedGraph
+from gnnserve.dynamic.wal import FsyncPolicy, UpdateLog, replay
 from gnnserve.errors import InvalidInputError, ReadOnlyStoreError, StoreFormatError
 from gnnserve.features.base import FeatureStore
-from gnnserve.features.dynamic import DynamicFeatures
 from gnnserve.graph.base import GraphStore
-from gnnserve.graph.dynamic import DynamicGraph
-from gnnserve.graph.rwlock import ReadWriteLock
-from gnnserve.graph.updates import ParsedBatch, UpdateRejectedError, parse_batch
-from gnnserve.graph.wal import FsyncPolicy, UpdateLog, replay
-from gnnserve.graph.warmup import warm_up_updates
-from gnnserve.sampling.presample import DELETE, INSERT, PreSampler
+from gnnserve.graph.events import DELETE, INSERT, UpdateListener
+from gnnserve.urls import local_path
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +63,11 @@ class UpdateResult:
 
 
 class DynamicStore:
-    """Mutable graph + features + update log; hand ``graph`` and ``features`` to the Engine."""
+    """Mutable graph + features + update log; hand ``view`` and ``features`` to the Engine.
+
+    ``graph`` is the DynamicGraph the store mutates; readers that run beside writers read it
+    through ``view``, whose ``acquire_read`` pins a version (``graph``'s own is a no-op).
+    """
 
     def __init__(
         self,
@@ -69,16 +78,17 @@ class DynamicStore:
         compact_above: float = 0.5,
         read_only: bool = False,
     ) -> None:
-        """``read_only``: replay the log without touching it (no writes, no torn-tail repair);
-        ``apply`` then raises ReadOnlyStoreError. For tools beside a live server."""
+        """``log_path``: a path or file URL. ``read_only``: replay the log without touching it
+        (no writes, no torn-tail repair); ``apply`` then raises ReadOnlyStoreError. For tools
+        beside a live server."""
+        log_path = local_path(log_path, "store.update_log")
         self.graph = DynamicGraph(graph)
         self.features = DynamicFeatures(features)
         self._lock = ReadWriteLock()
-        self.graph.acquire_read = self._acquire_read  # type: ignore[method-assign]
-        self.graph.release_read = self._lock.release_read  # type: ignore[method-assign]
+        self.view = VersionedGraph(self.graph, self._lock)
         self._writer = threading.Lock()  # one batch at a time: validate, log, apply
         self.compact_above = compact_above
-        self.presampler: PreSampler | None = None  # attached after replay, built from its state
+        self._listeners: list[UpdateListener] = []  # subscribed after replay, from its state
         self.replayed = self._replay(log_path, graph.version, truncate=not read_only)
         self.log = None if read_only else UpdateLog(log_path, fsync)
         if self.log is not None and self.graph.seq == 0 and self.log.path.stat().st_size == 0:
@@ -86,16 +96,15 @@ class DynamicStore:
         self._stop = threading.Event()
         self._compactor = threading.Thread(target=self._compact_loop, daemon=True)
         self._compactor.start()
-        warm_up_updates()  # before serving: the first real update must not wait on numba JIT
 
-    def attach(self, presampler: PreSampler) -> None:
-        """Keep ``presampler``'s reservoirs current: every applied batch is reported to it."""
-        warm_up_updates(presampler.fanouts)
-        self.presampler = presampler
+    def subscribe(self, listener: UpdateListener) -> None:
+        """Report every batch applied from now on to ``listener`` (see ``graph.events``).
 
-    def _acquire_read(self) -> str:
-        self._lock.acquire_read()
-        return self.graph.version
+        Build the listener from the current state (e.g. ``PreSampler(*store.graph.csr(), ...)``)
+        with no batch applied in between; it is called after the listeners subscribed before.
+        """
+        with self._writer:  # not while a batch is being applied
+            self._listeners.append(listener)
 
     def _replay(self, path: str | Path, base_version: str, truncate: bool) -> int:
         """Apply every logged batch after checking the log belongs to this base store.
@@ -166,20 +175,22 @@ class DynamicStore:
             if edges is not None:
                 g.apply_edge_events(*edges)
             g.seq = seq
-            if self.presampler is not None:
-                self._report(batch, edges)
+            if self._listeners:
+                self._report(len(batch.new_nodes), edges)
         finally:
             self._lock.release_write()
 
-    def _report(self, batch: ParsedBatch, edges: EdgeArrays | None) -> None:
-        """Tell the pre-sampler what changed: new nodes first (edgeless), then edge events."""
-        assert self.presampler is not None
-        for _ in batch.new_nodes:
-            self.presampler.on_add_node()
+    def _report(self, added: int, edges: EdgeArrays | None) -> None:
+        """Tell each listener what changed: new nodes first, then the edge events in order."""
+        events = None
         if edges is not None:
             inserts, srcs, dsts = edges
-            kinds = np.where(inserts, INSERT, DELETE)
-            self.presampler.apply_events(kinds, srcs, dsts, self.graph.neighbors)
+            events = (np.where(inserts, INSERT, DELETE), srcs, dsts)
+        for listener in self._listeners:
+            if added:
+                listener.on_add_nodes(added)
+            if events is not None:
+                listener.on_edge_events(*events, self.graph.neighbors)
 
     def compact(self) -> None:
         """Defragment the adjacency: copy with writers paused, swap under a brief write lock."""

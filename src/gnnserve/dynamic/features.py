@@ -1,7 +1,7 @@
 """A mutable feature table: rows can be replaced and appended (node inserts).
 
 Writers are serialised and excluded from readers by the dynamic store's lock; see
-``gnnserve.graph.dynamic.DynamicStore``.
+``gnnserve.dynamic.store.DynamicStore``.
 """
 
 from __future__ import annotations

@@ -18,8 +18,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from gnnserve.dynamic.wal import LogScan, fsync_dir, scan_log
 from gnnserve.errors import InvalidInputError, StoreFormatError
-from gnnserve.graph.wal import LogScan, fsync_dir, scan_log
 
 _CHUNK = 1 << 20
 

@@ -1,0 +1,39 @@
+"""Ray start-up for every deployment package, in one place.
+
+A deployment that runs workers as Ray actors (DGS, CGP, and the modes to come) calls
+:func:`start_ray` before it creates them and :func:`stop_ray` with what it returned when it shuts
+down: a Ray instance the caller (a test session, a cluster driver, ``ray start``) already started
+is used as it is and left running; one started here is local (no dashboard) and stopped here.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import ray
+
+log = logging.getLogger(__name__)
+
+
+def start_ray(num_cpus: int) -> bool:
+    """Start a local Ray instance with ``num_cpus`` logical CPUs unless one is running.
+
+    Returns True when it was started here (the caller then stops it with :func:`stop_ray`).
+    ``RAY_ADDRESS`` in the environment joins that cluster instead of starting one.
+    """
+    if ray.is_initialized():
+        return False
+    if os.environ.get("RAY_ADDRESS"):
+        ray.init(configure_logging=False)
+        log.info("joined the Ray cluster at %s", os.environ["RAY_ADDRESS"])
+        return True  # our connection: shutting it down leaves the cluster running
+    ray.init(num_cpus=num_cpus, include_dashboard=False, configure_logging=False)
+    log.info("started a local Ray instance with %d logical CPUs", num_cpus)
+    return True
+
+
+def stop_ray(started_here: bool) -> None:
+    """Stop the Ray instance (or the connection) when :func:`start_ray` started it."""
+    if started_here and ray.is_initialized():
+        ray.shutdown()

@@ -1,0 +1,136 @@
+"""Executor: how the work admission let in is run, behind one interface.
+
+The engine admits requests and forms batches (admission -> batcher); an :class:`Executor` runs
+them and resolves each request's future. One executor serves an engine, chosen by name from
+:data:`EXECUTORS` with ``ServeConfig.deploy.mode``:
+
+- ``local`` (:class:`gnnserve.engine.local.LocalExecutor`): sample, gather and compute in
+  this process, in overlapping stage threads;
+- ``dgs`` (``gnnserve.deploy.dgs.executor``): batches sample from DGS serving workers;
+- ``cgp`` (``gnnserve.deploy.cgp.executor``): new-node SRPE requests run on CGP workers.
+
+Deployment packages sit above the engine: the registry names them by import path and imports
+them on first use, so the engine never imports a deployment. A new deployment mode is a
+package with an Executor subclass plus one :func:`register_lazy` line here.
+
+Contract. ``start(batches)`` begins pulling batches from ``batches.next_batch()`` (None: stop)
+and must call ``batches.finished(batch)`` once per batch when its work is done or failed (the
+admission's service-time model learns from it); every request of a batch is answered (result
+or error) exactly once. ``stop(timeout_s)`` returns after every batch pulled was answered.
+``run_new_nodes`` answers one admitted new-node request (the new-node service calls it on its
+worker thread, under the graph's read lock).
+"""
+
+from __future__ import annotations
+
+import importlib
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, ClassVar, Protocol
+
+from gnnserve.registry import Registry
+
+if TYPE_CHECKING:
+    from gnnserve.config import ServeConfig
+    from gnnserve.dynamic.store import DynamicStore
+    from gnnserve.embeddings.base import EmbeddingStore
+    from gnnserve.engine.batcher import Batch
+    from gnnserve.engine.planner import Planner
+    from gnnserve.features.base import FeatureStore
+    from gnnserve.graph.base import GraphStore
+    from gnnserve.models.runner import ModelRunner
+    from gnnserve.newnodes.result import NewNodeResult, RunOptions
+    from gnnserve.types import NewNodes
+
+__all__ = ["EXECUTORS", "BatchSource", "ExecutionContext", "Executor", "register_lazy"]
+
+
+class BatchSource(Protocol):
+    """Where an executor pulls batches from (the engine's batcher)."""
+
+    def next_batch(self) -> Batch | None:
+        """The next batch, blocking until one forms; None once the engine stops."""
+
+    def finished(self, batch: Batch) -> None:
+        """``batch`` left the executor (answered or failed): trains the service-time model."""
+
+
+class NewNodeRunner(Protocol):
+    """The single-process new-node inference (``gnnserve.newnodes.inference``)."""
+
+    def run(
+        self,
+        new: NewNodes,
+        mode: str,
+        gamma: float,
+        policy: str,
+        fanouts: tuple[int, ...] | None,
+        seed: int,
+    ) -> NewNodeResult:
+        """Logits and embeddings of the new nodes of ``new``."""
+
+
+@dataclass
+class ExecutionContext:
+    """What the engine hands its executor: the served stores and model, and how to sample."""
+
+    graph: GraphStore  # read side (acquire_read / release_read pin a version)
+    features: FeatureStore
+    runner: ModelRunner  # the served model, its version and output shaping
+    planner: Planner  # fanouts -> sampler (pre-sampler or on-demand)
+    config: ServeConfig
+    updates: DynamicStore | None = None  # the changing graph, when it has an update log
+    embeddings: EmbeddingStore | None = None  # PEs for new-node requests, when loaded
+    observers: list[Callable[[Batch], None]] = field(default_factory=list)  # after each batch
+
+
+class Executor(ABC):
+    """Runs admitted batches of existing-node requests, and new-node requests."""
+
+    name: ClassVar[str]  # the EXECUTORS name, also ServeConfig.deploy.mode
+
+    def __init__(self, context: ExecutionContext) -> None:
+        self.context = context
+
+    @abstractmethod
+    def start(self, batches: BatchSource) -> None:
+        """Start running batches pulled from ``batches`` (workers, threads)."""
+
+    @abstractmethod
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """Answer every batch already pulled, then release threads and workers."""
+
+    def warm_up(self) -> dict[str, float]:
+        """Run what this executor adds to the local path once (ms per step); default none."""
+        return {}
+
+    def run_new_nodes(
+        self, local: NewNodeRunner, new: NewNodes, mode: str, options: RunOptions
+    ) -> NewNodeResult:
+        """Answer one new-node request; default: ``local`` (the single-process inference)."""
+        o = options
+        return local.run(new, mode, o.gamma, o.policy, o.fanouts, o.seed)
+
+    def describe(self) -> dict[str, object]:
+        """What runs where, for logs and health answers."""
+        return {"deploy": self.name}
+
+
+EXECUTORS: Registry[Executor] = Registry("deploy.mode")
+
+
+def register_lazy(name: str, module: str, cls: str) -> None:
+    """Register executor ``name`` as class ``cls`` of ``module``, imported on first use (the
+    deployment packages sit above the engine and pull in Ray)."""
+
+    def create(context: ExecutionContext) -> Executor:
+        executor_cls = getattr(importlib.import_module(module), cls)
+        return executor_cls(context)  # type: ignore[no-any-return]
+
+    EXECUTORS.register(name)(create)
+
+
+register_lazy("local", "gnnserve.engine.local", "LocalExecutor")
+register_lazy("dgs", "gnnserve.deploy.dgs.executor", "DGSExecutor")
+register_lazy("cgp", "gnnserve.deploy.cgp.executor", "CGPExecutor")

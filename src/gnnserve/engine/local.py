@@ -1,0 +1,146 @@
+"""LocalExecutor: sample -> fetch -> compute in this process, in overlapping stage threads.
+
+Batching and sampling share one thread, so a batch closes only when sampling can take it; at
+most ``batcher.pipeline_depth`` batches are between the batcher and their answers, so while
+they are busy requests wait and the next batch grows (adaptive batching). The graph's read
+version is pinned from sampling until the features are read.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+
+import torch
+
+from gnnserve.engine.batcher import STOP, Batch, drop_expired
+from gnnserve.engine.executor import BatchSource, ExecutionContext, Executor
+from gnnserve.engine.pipeline import Stage, fail_batch
+from gnnserve.errors import GnnServeError
+from gnnserve.types import InferenceResult, MiniBatch, SampledSubgraph, StageTimings
+
+
+class LocalExecutor(Executor):
+    """The whole request path in this process (``deploy.mode: local``)."""
+
+    name = "local"
+
+    def __init__(self, context: ExecutionContext) -> None:
+        super().__init__(context)
+        self._threads: list[threading.Thread] = []
+        self._source: BatchSource | None = None
+
+    def start(self, batches: BatchSource) -> None:
+        """Start the sample, fetch and compute threads, pulling from ``batches``."""
+        self._source = batches
+        self._slots = threading.Semaphore(self.context.config.batcher.pipeline_depth)
+        to_fetch: queue.Queue[object] = queue.Queue()
+        to_compute: queue.Queue[object] = queue.Queue()
+        release = self._release_slot
+        self._threads = [
+            threading.Thread(
+                target=self._sample_loop, args=(to_fetch,), name="gnnserve-sample", daemon=True
+            ),
+            Stage("fetch", self._fetch, to_fetch, to_compute, release),
+            Stage("compute", self._compute, to_compute, None, release),
+        ]
+        for t in self._threads:
+            t.start()
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """Join the stage threads; the batcher's STOP drains them after the batches queued."""
+        for t in self._threads:
+            t.join(timeout_s)
+        self._threads = []
+
+    def sample(self, batch: Batch) -> SampledSubgraph:
+        """The computation graph of ``batch`` (subclasses route it elsewhere)."""
+        return self.context.planner.sampler_for(batch.fanouts).sample(batch.seeds)
+
+    # stages --------------------------------------------------------------------------------
+    def _sample_loop(self, outbox: queue.Queue[object]) -> None:
+        assert self._source is not None
+        graph = self.context.graph
+        while True:
+            self._slots.acquire()
+            batch = self._source.next_batch()
+            if batch is None:
+                break
+            start = time.perf_counter()
+            batch.graph_version = graph.acquire_read()  # released once features are read
+            try:
+                batch.subgraph = self.sample(batch)
+            except BaseException as exc:  # noqa: BLE001 - reported per request
+                graph.release_read()
+                fail_batch(batch, exc)
+                self._release_slot(batch)
+                continue
+            batch.stage_ms["sample"] = (time.perf_counter() - start) * 1e3
+            outbox.put(batch)
+        outbox.put(STOP)
+
+    def _release_slot(self, batch: Batch) -> None:
+        assert self._source is not None
+        self._source.finished(batch)  # trains admission's service-time model
+        self._slots.release()
+
+    def _fetch(self, batch: Batch) -> None:
+        assert batch.subgraph is not None
+        graph = self.context.graph
+        try:
+            drop_expired(batch)  # 504 for requests past their deadline; none left: skip
+            ids = batch.subgraph.input_nodes
+            x = self.context.features.get(ids)
+            in_degree = torch.from_numpy(graph.gcn_degree(ids))  # full-graph, for GCN
+        finally:
+            graph.release_read()
+        batch.minibatch = MiniBatch(batch.subgraph, x, in_degree)
+
+    def _compute(self, batch: Batch) -> None:
+        assert batch.minibatch is not None and batch.subgraph is not None
+        assert self._source is not None
+        drop_expired(batch)
+        start = time.perf_counter()
+        logits, embedding = self.context.runner.forward(batch.minibatch)
+        batch.stage_ms["compute"] = (time.perf_counter() - start) * 1e3
+        self._source.finished(batch)  # before the answers: a caller's next request finds it done
+        self._resolve(batch, logits, embedding)
+        for observe in self.context.observers:
+            observe(batch)
+
+    def _resolve(self, batch: Batch, logits: torch.Tensor, embedding: torch.Tensor) -> None:
+        assert batch.subgraph is not None
+        runner = self.context.runner
+        rows = batch.subgraph.seed_rows
+        offset = 0
+        now = time.perf_counter()
+        for ticket in batch.tickets:
+            req = ticket.request
+            mine = rows[offset : offset + req.nodes.size]
+            offset += req.nodes.size
+            try:
+                values = runner.shape_output(req.output, logits, embedding, mine, req.nodes)
+            except GnnServeError as exc:  # NaN/inf outputs: this request fails, not the batch
+                if not ticket.future.done():
+                    ticket.future.set_exception(exc)
+                continue
+            timings = StageTimings(
+                queue_ms=(batch.formed_s - req.arrival_s) * 1e3,
+                sample_ms=batch.stage_ms.get("sample", 0.0),
+                fetch_ms=batch.stage_ms.get("fetch", 0.0),
+                compute_ms=batch.stage_ms.get("compute", 0.0),
+                total_ms=(now - req.arrival_s) * 1e3,
+                batch_size=batch.subgraph.num_seeds,
+            )
+            result = InferenceResult(
+                req.request_id,
+                req.nodes,
+                req.output,
+                values,
+                runner.version,
+                batch.graph_version,
+                timings,
+            )
+            if not ticket.future.done():
+                ticket.future.set_result(result)

@@ -1,0 +1,46 @@
+"""What a subscriber to graph changes implements: the :class:`UpdateListener` protocol.
+
+A changing graph (``gnnserve.dynamic.store.DynamicStore``) reports every batch it applies to the
+listeners subscribed to it (the pre-sampler, DGS workers), so they stay current without the
+store knowing what they are. For each applied batch the store calls each listener, in
+subscription order:
+
+1. ``on_add_nodes(count)`` when the batch added nodes: ids ``N .. N + count - 1`` (N = node
+   count before the batch); their edges, if any, follow as edge events;
+2. ``on_edge_events(kinds, srcs, dsts, neighbors_of)`` when the batch had edge operations:
+   every event in batch order, ``kinds[i]`` :data:`INSERT` (one ``srcs[i] -> dsts[i]`` edge
+   added) or :data:`DELETE` (one such edge removed; it existed), int64 arrays of equal length.
+   ``neighbors_of(v)`` returns v's in-neighbours (int64, a copy) after the WHOLE batch.
+
+Both calls come after the graph and the features applied the whole batch, under the store's
+writer lock: no reader runs and no other batch starts until every listener returned. Calls
+for one batch are never interleaved with another batch's. A listener must not raise: the batch
+is already durable and applied, so an exception leaves that listener (and the ones after it)
+behind the graph; it reaches the writer that sent the batch. The arrays belong to the store:
+read them, do not keep or modify them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+INSERT = 0  # edge event kind: one src -> dst edge added
+DELETE = 1  # edge event kind: one src -> dst edge removed
+
+NeighborsOf = Callable[[int], np.ndarray]  # v -> v's current in-neighbour ids (after the batch)
+
+
+@runtime_checkable
+class UpdateListener(Protocol):
+    """Receives the changes of a graph, batch by batch, as described in this module."""
+
+    def on_add_nodes(self, count: int) -> None:
+        """``count`` nodes were added, with the next free ids."""
+
+    def on_edge_events(
+        self, kinds: np.ndarray, srcs: np.ndarray, dsts: np.ndarray, neighbors_of: NeighborsOf
+    ) -> None:
+        """Edge events of one batch, in order (kinds INSERT / DELETE)."""

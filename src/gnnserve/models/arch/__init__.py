@@ -1,0 +1,16 @@
+"""Model architectures: one module per architecture, each one :data:`MODELS` entry.
+
+An entry (:class:`~gnnserve.models.arch.base.Architecture`) holds everything any path needs:
+the layer factory, the full-graph forward preparation, the block forward of one layer (serving,
+training, precompute and SRPE), the parameter export to plain tensors for CGP workers and the
+CGP layer (partial aggregation on a worker, merge of the partials) those tensors run
+(:mod:`~gnnserve.models.arch.cgp`, :mod:`~gnnserve.models.arch.merge`). Adding an architecture
+is one new module: a subclass decorated with :func:`~gnnserve.models.arch.base.register`,
+imported here (or, for a plug-in, by its user). No module of this package imports
+torch_geometric at import time: CGP workers import them.
+"""
+
+from gnnserve.models.arch import gat, gcn, sage
+from gnnserve.models.arch.base import MODELS, Architecture, register
+
+__all__ = ["MODELS", "Architecture", "gat", "gcn", "register", "sage"]
