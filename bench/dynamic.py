@@ -33,11 +33,13 @@ from common import (  # noqa: E402
     write_results,
 )
 from gnnserve.data.writer import GraphData, write_store  # noqa: E402
+from gnnserve.dynamic.store import DynamicStore  # noqa: E402
+from gnnserve.dynamic.warmup import warm_up_updates  # noqa: E402
 from gnnserve.features import open_feature_store  # noqa: E402
 from gnnserve.graph import open_graph_store  # noqa: E402
-from gnnserve.graph.dynamic_store import DynamicStore  # noqa: E402
 from gnnserve.sampling import NeighborSampler  # noqa: E402
 from gnnserve.sampling.presample import PreSampler  # noqa: E402
+from gnnserve.sampling.warmup import warm_up_presample_updates  # noqa: E402
 
 FANOUTS = [25, 10]
 RATES = [0, 2000, 10000, 40000]  # offered updates per second
@@ -73,11 +75,13 @@ def open_dynamic(store: Path, log: Path, presample: bool):  # type: ignore[no-un
     """A fresh dynamic store and the sampler of the mode under test."""
     log.unlink(missing_ok=True)
     dyn = DynamicStore(open_graph_store(store), open_feature_store(store), log, fsync="never")
+    warm_up_updates()  # as the server's start-up: no update waits on numba JIT
     if presample:
         sampler = PreSampler(*dyn.graph.csr(), FANOUTS, seed=0)
-        dyn.attach(sampler)
+        dyn.subscribe(sampler)
+        warm_up_presample_updates(FANOUTS)
         return dyn, sampler
-    return dyn, NeighborSampler(dyn.graph, FANOUTS, seed=0)
+    return dyn, NeighborSampler(dyn.view, FANOUTS, seed=0)
 
 
 def run_updates(
@@ -102,7 +106,7 @@ def run_updates(
 
 def measure(dyn: DynamicStore, sampler, seeds: np.ndarray, duration: float) -> np.ndarray:  # type: ignore[no-untyped-def]
     """Closed-loop single-seed requests for ``duration`` s; latency per request in ms."""
-    graph, out = dyn.graph, []
+    graph, out = dyn.view, []
     end = time.perf_counter() + duration
     i = 0
     while time.perf_counter() < end:
