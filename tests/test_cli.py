@@ -219,20 +219,15 @@ def test_serve_help_lists_each_flag_once_with_its_field_description(capsys) -> N
     flat = " ".join(text.split())
     for _, dotted in SERVE_FLAGS:
         description = config_field(dotted).description
-        assert description and " ".join(description.split()) in flat
+        assert description and f"{' '.join(description.split())} [{dotted}" in flat
 
 
 def test_flags_not_given_leave_the_yaml_alone(tmp_path: Path) -> None:
     path = tmp_path / "serve.yaml"
     path.write_text("sampler: {fanouts: [5, 5]}\ncompute: {warm_up: false}\nserver: {port: 9000}\n")
-    config = serve_config(
-        build_parser().parse_args(["serve", "--config", str(path), "--port", "1"])
-    )
-    assert (config.sampler.fanouts, config.compute.warm_up, config.server.port) == (
-        [5, 5],
-        False,
-        1,
-    )
+    args = build_parser().parse_args(["serve", "--config", str(path), "--port", "1"])
+    c = serve_config(args)
+    assert (c.sampler.fanouts, c.compute.warm_up, c.server.port) == ([5, 5], False, 1)
 
 
 def test_bad_flag_values_exit_2_naming_the_flag(capsys) -> None:

@@ -102,7 +102,7 @@ def flag_arguments(flag: str, dotted: str) -> dict[str, Any]:
         if off != (default is True):
             raise TypeError(f"{flag}: a bool flag sets the opposite of the default {default}")
         kwargs["action"] = "store_false" if off else "store_true"
-        text = f"turn off {dotted}: {text}" if off else text
+        text = f"turn off: {text}" if off else text
     elif get_origin(kind) is Literal:
         kwargs["choices"] = list(get_args(kind))
     elif kind == list[int]:
@@ -113,9 +113,8 @@ def flag_arguments(flag: str, dotted: str) -> dict[str, Any]:
         raise TypeError(f"{flag}: no command-line form for {dotted}: {field.annotation}")
     if isinstance(default, list):
         default = ",".join(map(str, default))
-    if default not in (None, "") and kind is not bool:
-        text = f"{text}; default {default}"
-    kwargs["help"] = text.replace("%", "%%")
+    shown = "" if default in (None, "") or kind is bool else f", default {default}"
+    kwargs["help"] = f"{text} [{dotted}{shown}]".replace("%", "%%")
     return kwargs
 
 
