@@ -25,6 +25,7 @@ demo: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench
 	$(BIN)/ruff format --check src tests bench
+	$(BIN)/lint-imports
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
@@ -61,4 +62,4 @@ bench-quick: $(STAMP)
 	$(BIN)/python bench/cgp.py --quick
 
 clean:
-	rm -rf $(VENV) demo_data .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) demo_data .pytest_cache .mypy_cache .ruff_cache .import_linter_cache
