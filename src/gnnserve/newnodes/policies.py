@@ -15,7 +15,6 @@ recomputed (ties broken by node id, so every process picks the same set).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -49,7 +48,6 @@ class PolicyInputs:
     seed: int = 0  # random policy seed
 
 
-Scorer = Callable[[Candidates, PolicyInputs], np.ndarray]
 POLICIES: Registry[np.ndarray] = Registry("recompute_policy")
 
 

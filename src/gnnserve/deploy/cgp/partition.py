@@ -39,12 +39,6 @@ def owner(ids: np.ndarray, num_parts: int, num_nodes: int) -> np.ndarray:
     return np.where(ids >= num_nodes, ids - num_nodes, ids) % num_parts
 
 
-def local_rows(ids: np.ndarray, num_parts: int, num_nodes: int) -> np.ndarray:
-    """int64 local row of each id inside its owner: ``v // P`` (queries: ``(v - N) // P``)."""
-    ids = np.asarray(ids, dtype=np.int64)
-    return np.where(ids >= num_nodes, ids - num_nodes, ids) // num_parts
-
-
 def owned_ids(rank: int, num_parts: int, count: int) -> np.ndarray:
     """int64 ids in [0, count) owned by ``rank``, ascending (local row i holds id rank + i*P)."""
     return np.arange(rank, count, num_parts, dtype=np.int64)
@@ -65,11 +59,6 @@ class Partition:
     in_degree: np.ndarray  # int64 [n_p] stored in-degree of the owned nodes (self loops counted)
     gcn_degree: np.ndarray  # float32 [n_p] stored in-degree without self loops (GCN norm)
     importance: np.ndarray  # float64 [n_p] importance score of the owned nodes
-
-    @property
-    def num_owned(self) -> int:
-        """n_p: number of existing nodes owned here."""
-        return int(self.features.shape[0])
 
     def in_edges(self, dst: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(source ids, position in ``dst``) of every local-source in-edge of ``dst``, int64."""
