@@ -1,4 +1,5 @@
-"""Named backend registries: storage, caches and models are chosen by name, in one place."""
+"""Named registries: storage backends, model architectures, new-node modes and policies and
+executors are chosen by name, in one place."""
 
 from __future__ import annotations
 

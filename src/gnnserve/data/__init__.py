@@ -1,1 +1,3 @@
-"""Data import: store layout, writer, validation, importers and synthetic generators."""
+"""Stores on disk: layout and meta reader (``layout``, ``meta``: one reader of the store,
+checkpoint and PE meta files), writer, input and integrity checks, importers, synthetic
+generators and ``gnnserve prepare``."""

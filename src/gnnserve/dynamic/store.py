@@ -109,7 +109,7 @@ class DynamicStore:
     def _replay(self, path: str | Path, base_version: str, truncate: bool) -> int:
         """Apply every logged batch after checking the log belongs to this base store.
 
-        A corrupt log raises StoreFormatError (see graph.wal) once the good records before the
+        A corrupt log raises StoreFormatError (see dynamic.wal) once the good records before the
         damage are applied: the half-built store is then discarded with the exception."""
         applied = 0
         for seq, ops in replay(path, truncate):
