@@ -118,6 +118,8 @@ def run_workers(
             assert np.array_equal(got.recomputed, want.recomputed), f"batch {i}: S differs"
             diff = float((got.logits - want.logits).abs().max())
             ms = median_ms(lambda new=new: svc.run(new, GAMMA), repeats)
+            traffic = got.traffic
+            assert traffic is not None
             rows.append(
                 {
                     "batch": i,
@@ -125,14 +127,14 @@ def run_workers(
                     "new_edges": int(new.new_edges.shape[0]),
                     "recomputed": int(got.recomputed.size),
                     "candidates": got.num_candidates,
-                    "bytes_sent": got.bytes_sent,
-                    "bytes_by": got.bytes_by,
-                    "plain_bytes": got.plain_bytes,
-                    "plain_by": got.plain_by,
-                    "request_bytes": got.request_bytes,
-                    "ratio": got.plain_bytes / max(got.bytes_sent, 1),
+                    "bytes_sent": traffic.bytes_sent,
+                    "bytes_by": traffic.bytes_by,
+                    "plain_bytes": traffic.plain_bytes,
+                    "plain_by": traffic.plain_by,
+                    "request_bytes": traffic.request_bytes,
+                    "ratio": traffic.plain_bytes / max(traffic.bytes_sent, 1),
                     "cgp_ms": ms,
-                    "slowest_worker_ms": max(got.worker_ms),
+                    "slowest_worker_ms": max(traffic.worker_ms),
                     "max_abs_diff": diff,
                 }
             )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -15,18 +16,6 @@ class OutputKind(str, enum.Enum):
     LABEL = "label"  # argmax class id (int)
     PROBS = "probs"  # softmax class probabilities (float per class)
     EMBEDDING = "embedding"  # the hidden representation fed to the last layer
-
-
-@dataclass(frozen=True)
-class InferenceRequest:
-    """One caller's request, as admitted by the engine."""
-
-    nodes: np.ndarray  # int64 [n] existing node ids, validated against the store
-    output: OutputKind  # what to return per node
-    request_id: int  # engine-assigned, monotonic
-    arrival_s: float  # time.perf_counter() at admission, seconds
-    deadline_s: float | None = None  # perf_counter() time after which it is dropped, or None
-    fanouts: tuple[int, ...] | None = None  # per-hop fanouts; None = the server's default
 
 
 @dataclass(frozen=True)
@@ -45,6 +34,43 @@ class NewNodes:
     def count(self) -> int:
         """m: number of new nodes."""
         return int(self.features.size(0))
+
+
+@dataclass(frozen=True)
+class RequestOptions:
+    """How to answer a request. Validated at admission (``engine.requests.validate_request``),
+    which fills in the server's defaults of a new-node request (mode, gamma, policy, fanouts)."""
+
+    output: OutputKind = OutputKind.LABEL  # what to return per node
+    fanouts: tuple[int, ...] | None = None  # per hop, nearest first; None = the server's.
+    # Existing nodes: the sampling fanouts; new nodes: those of mode ``ns``
+    mode: str | None = None  # new nodes only: srpe | full | ns | pe; None = the server's
+    gamma: float | None = None  # new nodes, mode srpe: share of candidates recomputed, [0, 1]
+    policy: str | None = None  # new nodes, mode srpe: which candidates are recomputed
+    seed: int = 0  # new nodes: draws of mode ns and of the random policy
+    timeout_ms: float | None = None  # the client's deadline, ms after admission; None: server's
+
+
+@dataclass(frozen=True, eq=False)
+class Request:
+    """One caller's request: existing node ids (``nodes``) or new nodes (``new``), and options.
+
+    Built from raw input by ``engine.requests.validate_request`` (``Engine.request``), which
+    checks every field once and marks the result ``checked_by`` its limits: the stages after
+    admission trust such a request. ``Engine.submit`` validates a request built any other way.
+    """
+
+    nodes: np.ndarray | None = None  # int64 [n] existing node ids
+    new: NewNodes | None = None  # nodes the graph does not hold
+    options: RequestOptions = field(default_factory=RequestOptions)
+    checked_by: object = field(default=None, init=False, repr=False)  # set by validation
+
+    @property
+    def size(self) -> int:
+        """Nodes answered: n existing nodes or m new ones."""
+        if self.new is not None:
+            return self.new.count
+        return 0 if self.nodes is None else int(self.nodes.size)
 
 
 @dataclass(frozen=True)
@@ -101,14 +127,54 @@ class StageTimings:
         return {k: v if isinstance(v, int) else round(float(v), 4) for k, v in items}
 
 
-@dataclass
-class InferenceResult:
-    """The answer to one request."""
+@dataclass(frozen=True, eq=False)
+class NewNodeInfo:
+    """What the answer to a new-node request reports beyond the predictions.
 
-    request_id: int  # same as the request's
+    ``gamma`` and ``policy`` are those the mode used: None where it does not use them (``full``,
+    ``ns``; ``pe`` recomputes nothing, gamma 0).
+    """
+
+    mode: str  # the mode that answered
+    gamma: float | None
+    policy: str | None
+    num_candidates: int  # |R|: existing nodes with an edge from a new node
+    recomputed: np.ndarray  # int64 [s] existing ids whose PEs were recomputed, ascending
+    logits: torch.Tensor  # float32 [m, C]: every output kind can be derived from these two
+    embedding: torch.Tensor  # float32 [m, H]
+
+
+@dataclass
+class Result:
+    """The answer to one request, existing nodes or new ones.
+
+    For new nodes, ``nodes`` are the request indices 0..m-1; ``timings.sample_ms`` is the plan
+    (computation graph) time, ``fetch_ms`` the feature and PE gather, ``batch_size`` m; and
+    ``new_nodes`` holds the new-node details (None for existing nodes).
+    """
+
+    request_id: int  # engine-assigned, monotonic
     nodes: np.ndarray  # int64 [n] as requested (order and duplicates kept)
     output: OutputKind  # kind of ``values``
     values: torch.Tensor  # [n] labels, [n, C] probs or [n, H] embeddings
     model_version: str  # checkpoint identity (name@checksum)
     graph_version: str  # store identity (checksum / version)
     timings: StageTimings = field(default_factory=StageTimings)
+    new_nodes: NewNodeInfo | None = None
+
+
+@dataclass
+class Ticket:
+    """An admitted request: when it arrived, its deadline, and the future its caller waits on."""
+
+    request: Request  # validated
+    request_id: int  # engine-assigned, monotonic (shared by every kind of request)
+    arrival_s: float  # time.perf_counter() at admission, seconds
+    deadline_s: float | None = None  # perf_counter() time after which it is dropped, or None
+    future: Future[Result] = field(default_factory=Future)  # resolved by the executor
+
+    @property
+    def nodes(self) -> np.ndarray:
+        """int64 [n]: the existing node ids asked for (existing-node requests only)."""
+        assert self.request.nodes is not None, "a new-node request has no node ids"
+        return self.request.nodes

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import threading
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,7 +14,7 @@ from gnnserve.engine.admission import Admission, request_timeout
 from gnnserve.engine.delay import Backlog, Calibration, Prediction, ServiceModel, fit_line
 from gnnserve.engine.loader import build_engine
 from gnnserve.errors import DeadlineExceededError, InvalidInputError, OverloadedError
-from gnnserve.graph import open_graph_store
+from gnnserve.types import Request
 
 
 def test_fit_equals_weighted_least_squares_and_recovers_a_line() -> None:
@@ -135,9 +134,9 @@ def test_backlog_counts_and_idle() -> None:
     assert backlog.idle and backlog.model.count == ServiceModel.MIN_BATCHES + 1
 
 
-@pytest.fixture
-def graph(small_store: Path):  # type: ignore[no-untyped-def]
-    return open_graph_store(small_store)
+def _request(n: int) -> Request:
+    """An existing-node request for nodes 0..n-1 (admission takes validated requests)."""
+    return Request(nodes=np.arange(n, dtype=np.int64))
 
 
 def _measured(admission: Admission, seconds_per_batch: float, units: int) -> None:
@@ -150,38 +149,38 @@ def _measured(admission: Admission, seconds_per_batch: float, units: int) -> Non
         admission.backlog.finished(token, t)
 
 
-def test_admit_refuses_when_the_predicted_queueing_delay_exceeds_the_budget(graph) -> None:
+def test_admit_refuses_when_the_predicted_queueing_delay_exceeds_the_budget() -> None:
     config = AdmissionConfig(max_queue_delay_ms=45)
-    admission = Admission(graph, config, max_batch_nodes=8)
+    admission = Admission(config, max_batch_nodes=8)
     _measured(admission, 0.010, 8)  # 10 ms per batch of 8 nodes
-    admitted = [admission.admit(list(range(8)), "label") for _ in range(5)]  # 0..40 ms ahead
+    admitted = [admission.admit(_request(8)) for _ in range(5)]  # 0..40 ms ahead
     assert admission.backlog.queued == (40, 5)
     with pytest.raises(OverloadedError, match="predicted queueing delay 50 ms"):
-        admission.admit(list(range(8)), "label")  # 5 batches ahead: 50 ms > 45 ms
+        admission.admit(_request(8))  # 5 batches ahead: 50 ms > 45 ms
     assert admission.in_flight == 5  # the refused one holds nothing
     for ticket in admitted:
         ticket.future.cancel()
 
 
-def test_an_idle_engine_admits_whatever_the_prediction(graph) -> None:
-    admission = Admission(graph, AdmissionConfig(max_queue_delay_ms=1), max_batch_nodes=8)
+def test_an_idle_engine_admits_whatever_the_prediction() -> None:
+    admission = Admission(AdmissionConfig(max_queue_delay_ms=1), max_batch_nodes=8)
     _measured(admission, 10.0, 8)  # absurdly slow batches: nothing is ahead, so still admitted
     with request_timeout(1.0):
-        ticket = admission.admit([1], "label")
-    assert ticket.request.deadline_s is not None
+        ticket = admission.admit(Request(nodes=np.array([1])))
+    assert ticket.deadline_s is not None
 
 
-def test_request_timeout_sets_a_deadline_and_refuses_late_answers(graph) -> None:
-    admission = Admission(graph, AdmissionConfig(max_queue_delay_ms=None), max_batch_nodes=8)
+def test_request_timeout_sets_a_deadline_and_refuses_late_answers() -> None:
+    admission = Admission(AdmissionConfig(max_queue_delay_ms=None), max_batch_nodes=8)
     _measured(admission, 0.010, 8)
-    first = admission.admit(list(range(8)), "label")
+    first = admission.admit(_request(8))
     before = time.perf_counter()
     with request_timeout(500):
-        second = admission.admit(list(range(8)), "label")  # answer predicted in ~20 ms
-    assert second.request.deadline_s == pytest.approx(before + 0.5, abs=0.05)
-    assert first.request.deadline_s == pytest.approx(first.request.arrival_s + 30.0)
+        second = admission.admit(_request(8))  # answer predicted in ~20 ms
+    assert second.deadline_s == pytest.approx(before + 0.5, abs=0.05)
+    assert first.deadline_s == pytest.approx(first.arrival_s + 30.0)
     with request_timeout(15), pytest.raises(OverloadedError, match="deadline"):
-        admission.admit(list(range(8)), "label")  # ~30 ms predicted, 15 ms allowed
+        admission.admit(_request(8))  # ~30 ms predicted, 15 ms allowed
     with pytest.raises(InvalidInputError, match="X-Timeout-Ms"), request_timeout(0):
         pass
 
@@ -202,19 +201,19 @@ def test_calibration_margin_is_the_quantile_of_recent_lateness() -> None:
     assert calibration.margin_s == 0.0
 
 
-def test_the_margin_counts_up_to_half_the_remaining_time(graph) -> None:
-    admission = Admission(graph, AdmissionConfig(max_queue_delay_ms=None), max_batch_nodes=8)
+def test_the_margin_counts_up_to_half_the_remaining_time() -> None:
+    admission = Admission(AdmissionConfig(max_queue_delay_ms=None), max_batch_nodes=8)
     _measured(admission, 0.010, 8)
-    admission.admit(list(range(8)), "label")  # the next one: 10 ms wait, answer in 20 ms
+    admission.admit(_request(8))  # the next one: 10 ms wait, answer in 20 ms
     admission.backlog.calibration.margin_s = 10.0  # stalls: counted as half the time left
     with request_timeout(50):  # 20 + 25 <= 50
-        admission.admit(list(range(8)), "label")
+        admission.admit(_request(8))
     admission.backlog.dequeue(8)
     with request_timeout(35), pytest.raises(OverloadedError, match="deadline"):
-        admission.admit(list(range(8)), "label")  # 20 + 17.5 > 35
+        admission.admit(_request(8))  # 20 + 17.5 > 35
     admission.backlog.calibration.margin_s = 0.0
     with request_timeout(35):
-        admission.admit(list(range(8)), "label")  # 20 <= 35 without the margin
+        admission.admit(_request(8))  # 20 <= 35 without the margin
 
 
 def test_new_node_requests_are_refused_or_expire_by_their_deadline(pe_store, small_ckpt) -> None:
@@ -229,7 +228,7 @@ def test_new_node_requests_are_refused_or_expire_by_their_deadline(pe_store, sma
             engine.predict_new_nodes(features, edges)
         inference = engine.new_nodes.inference()
         runs, release, entered = [0], threading.Event(), threading.Event()
-        run = inference.run
+        run = inference.infer
 
         def gated(*args: object, **kwargs: object) -> object:
             runs[0] += 1
@@ -237,16 +236,20 @@ def test_new_node_requests_are_refused_or_expire_by_their_deadline(pe_store, sma
             assert release.wait(30)
             return run(*args, **kwargs)
 
-        inference.run = gated  # type: ignore[method-assign]
-        running = engine.submit_new_nodes(features, edges)
+        inference.infer = gated  # type: ignore[method-assign]
+
+        def submit():  # type: ignore[no-untyped-def]
+            return engine.submit(engine.request(new_nodes={"features": features, "edges": edges}))
+
+        running = submit()
         assert entered.wait(30)
-        queued = [engine.submit_new_nodes(features, edges) for _ in range(4)]
+        queued = [submit() for _ in range(4)]
         predicted = engine.new_nodes.backlog.predict(2, time.perf_counter())
         assert predicted is not None and predicted.latency_s > 0
         with request_timeout(predicted.latency_s * 1e3 / 4), pytest.raises(OverloadedError):
-            engine.submit_new_nodes(features, edges)
+            submit()
         with request_timeout(predicted.latency_s * 1e3 * 10):
-            late = engine.submit_new_nodes(features, edges)  # admitted, then held past it
+            late = submit()  # admitted, then held past it
         time.sleep(predicted.latency_s * 10 + 0.1)
         release.set()
         assert all(f.result(30).values.shape == (2,) for f in [running, *queued])

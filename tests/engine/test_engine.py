@@ -80,9 +80,9 @@ def test_overload_is_refused_then_recovers(small_store, small_ckpt) -> None:
     gate = _Gate(engine.runner)
     engine.runner = gate  # type: ignore[assignment]
     with engine:
-        first = [engine.submit([1]), engine.submit([2])]
+        first = [engine.submit(engine.request([1])), engine.submit(engine.request([2]))]
         with pytest.raises(OverloadedError):
-            engine.submit([3])
+            engine.submit(engine.request([3]))
         gate.event.set()
         assert [f.result(30).values.numel() for f in first] == [1, 1]
         assert engine.predict([3]).values.numel() == 1
@@ -94,8 +94,9 @@ def test_expired_request_is_dropped(small_store, small_ckpt) -> None:
     gate = _Gate(engine.runner)
     engine.runner = gate  # type: ignore[assignment]
     with engine:
-        stuck = [engine.submit([i]) for i in range(1, 10)]  # fill the pipeline behind the gate
-        late = [engine.submit([i]) for i in range(10, 20)]
+        # fill the pipeline behind the gate
+        stuck = [engine.submit(engine.request([i])) for i in range(1, 10)]
+        late = [engine.submit(engine.request([i])) for i in range(10, 20)]
         threading.Event().wait(0.2)
         gate.event.set()
         for f in stuck:
@@ -106,11 +107,11 @@ def test_expired_request_is_dropped(small_store, small_ckpt) -> None:
 
 def test_stop_finishes_accepted_requests(small_store, small_ckpt) -> None:
     engine = build_engine(_config(small_store, small_ckpt)).start()
-    futures = [engine.submit([i % 2000, (7 * i) % 2000]) for i in range(200)]
+    futures = [engine.submit(engine.request([i % 2000, (7 * i) % 2000])) for i in range(200)]
     engine.stop()
     assert all(f.done() and f.exception() is None for f in futures)
     with pytest.raises(ShuttingDownError):
-        engine.submit([1])
+        engine.submit(engine.request([1]))
 
 
 @pytest.mark.parametrize(
@@ -149,7 +150,7 @@ def test_batch_cost_cap_splits_batches_by_psgs(small_store, small_ckpt, referenc
     engine.runner = gate  # type: ignore[assignment]
     hubs = np.argsort(engine.psgs)[-40:].tolist()
     with engine:
-        futures = [engine.submit([h]) for h in hubs]
+        futures = [engine.submit(engine.request([h])) for h in hubs]
         gate.event.set()
         labels = [f.result(30).values.item() for f in futures]
     assert labels == logits[hubs].argmax(1).tolist()

@@ -7,7 +7,7 @@ import asyncio
 import logging
 import shutil
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -32,6 +32,7 @@ from gnnserve.graph import open_graph_store
 from gnnserve.models.checkpoint import load_checkpoint
 from gnnserve.newnodes.inference import NewNodeInference, NewNodeResult
 from gnnserve.newnodes.parse import parse_new_nodes
+from gnnserve.types import Result
 from tests.conftest import write_embeddings
 
 FEATURES = np.random.default_rng(3).standard_normal((3, 16)).astype(np.float32).tolist()
@@ -65,6 +66,18 @@ def direct(
     return inference.run(new, mode, gamma, policy)
 
 
+def submit_new(
+    engine: Engine,
+    features: object = FEATURES,
+    edges: object = EDGES,
+    new_edges: object = None,
+    **options: object,
+) -> Future[Result]:
+    """Submit a new-node request (validated by ``engine.request``)."""
+    new = {"features": features, "edges": edges, "new_edges": new_edges}
+    return engine.submit(engine.request(new_nodes=new, **options))  # type: ignore[arg-type]
+
+
 class _Gate:
     """Holds ``target.name`` calls until released."""
 
@@ -96,20 +109,22 @@ def test_results_equal_new_node_inference(pe_store, small_ckpt, mode, gamma, pol
         }
         want = direct(pe_store, small_ckpt, pes, mode, gamma, policy)
     probs = got["probs"]
+    info = probs.new_nodes
+    assert isinstance(probs, Result) and info is not None
     assert torch.equal(probs.values, torch.softmax(want.logits, 1))
     assert torch.equal(got["label"].values, want.logits.argmax(1))
     assert torch.equal(got["embedding"].values, want.embedding)
-    assert torch.equal(probs.as_output("embedding"), want.embedding)
-    assert probs.nodes.tolist() == [0, 1, 2] and probs.new_nodes == 3
+    assert torch.equal(info.embedding, want.embedding) and torch.equal(info.logits, want.logits)
+    assert probs.nodes.tolist() == [0, 1, 2]
     assert probs.model_version == engine.runner.version
     assert probs.graph_version == engine.graph.version
-    assert probs.mode == mode and probs.num_candidates == want.num_candidates == 5
+    assert info.mode == mode and info.num_candidates == want.num_candidates == 5
     if mode == "srpe":
-        assert (probs.gamma, probs.policy) == (gamma, policy)
-        np.testing.assert_array_equal(probs.recomputed_nodes, want.recomputed)
-        assert probs.recomputed == want.recomputed.size >= 1
+        assert (info.gamma, info.policy) == (gamma, policy)
+        np.testing.assert_array_equal(info.recomputed, want.recomputed)
+        assert info.recomputed.size == want.recomputed.size >= 1
     else:
-        assert (probs.gamma, probs.policy, probs.recomputed) == (None, None, 0)
+        assert (info.gamma, info.policy, info.recomputed.size) == (None, None, 0)
     t = probs.timings
     assert t.batch_size == 3 and t.total_ms >= t.compute_ms > 0 and t.sample_ms > 0
     assert t.queue_ms >= 0 and t.fetch_ms >= 0
@@ -120,8 +135,10 @@ def test_defaults_come_from_the_config(pe_store, small_ckpt) -> None:
     with build_engine(config(pe_store, small_ckpt, **overrides)) as engine:
         result = engine.predict_new_nodes(FEATURES, EDGES)
         ns = engine.predict_new_nodes(FEATURES, EDGES, mode="ns", fanouts=[2, 2], seed=4)
-    assert (result.mode, result.gamma, result.policy, result.recomputed) == ("pe", 0.0, None, 0)
-    assert result.output.value == "label" and ns.mode == "ns"
+    info = result.new_nodes
+    assert info is not None and ns.new_nodes is not None
+    assert (info.mode, info.gamma, info.policy, info.recomputed.size) == ("pe", 0.0, None, 0)
+    assert result.output.value == "label" and ns.new_nodes.mode == "ns"
 
 
 def test_async_and_concurrent_with_existing_nodes(pe_store, small_ckpt) -> None:
@@ -171,7 +188,7 @@ def test_bad_requests_raise_at_submit_and_queue_nothing(
     request = {"features": FEATURES, "edges": EDGES, "new_edges": NEW_EDGES, **change}
     with engine:
         with pytest.raises(error) as info:
-            engine.submit_new_nodes(**request)
+            submit_new(engine, **request)
         assert info.value.field == field and info.value.message
         assert engine.queue_depth == 0
         assert engine.predict_new_nodes(FEATURES, EDGES).values.numel() == 3
@@ -182,7 +199,7 @@ def test_without_embeddings_new_nodes_get_409_and_existing_nodes_work(
 ) -> None:
     with build_engine(config(small_store, small_ckpt)) as engine:
         with pytest.raises(MissingEmbeddingsError) as info:
-            engine.submit_new_nodes(FEATURES, EDGES)
+            submit_new(engine)
         assert info.value.http_status == 409 and "gnnserve precompute" in info.value.message
         assert engine.predict([1, 2]).values.numel() == 2
 
@@ -201,7 +218,7 @@ def test_stale_default_embeddings_are_refused_per_request(
     write_embeddings(store, small_ckpt, default_embeddings_dir(store, small_ckpt), "old@0")
     with caplog.at_level(logging.WARNING), build_engine(config(store, small_ckpt)) as engine:
         with pytest.raises(StaleEmbeddingsError, match="gnnserve precompute"):
-            engine.submit_new_nodes(FEATURES, EDGES)
+            submit_new(engine)
         assert engine.predict([3]).values.numel() == 1
     assert any("new-node requests will be refused" in r.message for r in caplog.records)
 
@@ -226,7 +243,7 @@ def test_graph_update_makes_embeddings_stale(pe_store, small_ckpt, tmp_path) -> 
         assert torch.equal(before.values, torch.softmax(want.logits, 1))
         engine.apply_updates([{"op": "add_edge", "src": 1, "dst": 2}])
         with pytest.raises(StaleEmbeddingsError, match="gnnserve precompute"):
-            engine.submit_new_nodes(FEATURES, EDGES)
+            submit_new(engine)
         assert engine.predict([2]).graph_version.endswith(".1")
     # the log now holds a batch: at start-up the explicit PEs are stale, the server refuses
     with pytest.raises(StaleEmbeddingsError):
@@ -236,7 +253,7 @@ def test_graph_update_makes_embeddings_stale(pe_store, small_ckpt, tmp_path) -> 
 def test_update_while_queued_is_caught_when_run(pe_store, small_ckpt, tmp_path) -> None:
     with _updatable(pe_store, small_ckpt, tmp_path / "log") as engine:
         gate = _Gate(engine.new_nodes, "_run")  # before the read lock is taken
-        future = engine.submit_new_nodes(FEATURES, EDGES)
+        future = submit_new(engine)
         assert gate.entered.wait(30)
         engine.apply_updates([{"op": "add_edge", "src": 1, "dst": 2}])
         gate.event.set()
@@ -246,21 +263,21 @@ def test_update_while_queued_is_caught_when_run(pe_store, small_ckpt, tmp_path) 
 def test_shared_admission_bound_deadline_and_graceful_stop(pe_store, small_ckpt) -> None:
     overrides = {"admission.max_queue_requests": 3, "admission.timeout_s": 0.2}
     engine = build_engine(config(pe_store, small_ckpt, **overrides)).start()
-    gate = _Gate(engine.new_nodes.inference(), "run")  # inside the worker, past the deadline check
-    running = engine.submit_new_nodes(FEATURES, EDGES, output="probs")
+    gate = _Gate(engine.new_nodes.inference(), "infer")  # in the worker, past the deadline check
+    running = submit_new(engine, output="probs")
     assert gate.entered.wait(30)
-    waiting = [engine.submit_new_nodes(FEATURES, EDGES), engine.submit([1])]
+    waiting = [submit_new(engine), engine.submit(engine.request([1]))]
     with pytest.raises(OverloadedError):
-        engine.submit_new_nodes(FEATURES, EDGES)
+        submit_new(engine)
     assert waiting[1].result(30).values.numel() == 1  # existing nodes do not wait on new ones
-    late = engine.submit_new_nodes(FEATURES, EDGES)
+    late = submit_new(engine)
     threading.Event().wait(0.3)
     stopper = threading.Thread(target=engine.stop)
     stopper.start()  # refuses new requests at once, then drains the accepted ones
     while not engine.admission.closed:
         threading.Event().wait(0.01)
     with pytest.raises(ShuttingDownError):
-        engine.submit_new_nodes(FEATURES, EDGES)
+        submit_new(engine)
     gate.event.set()
     stopper.join(30)
     assert running.result(0).values.shape == (3, 4)

@@ -40,7 +40,7 @@ def test_only_the_requests_with_non_finite_outputs_fail(
     with engine:
         engine.apply_updates([{"op": "upsert_features", "node": 7, "features": [3e38] * 16}])
         clean = next(v for v in range(100) if 7 not in _receptive_field(engine.graph, v))
-        futures = [engine.submit([clean], "probs"), engine.submit([7], "probs")]
+        futures = [engine.submit(engine.request(n, output="probs")) for n in ([clean], [7])]
         good = futures[0].result(30)
         with pytest.raises(NonFiniteOutputError, match=r"node\(s\) \[7\]"):
             futures[1].result(30)

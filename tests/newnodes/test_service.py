@@ -16,6 +16,7 @@ from gnnserve.config import AdmissionConfig, EmbeddingsConfig
 from gnnserve.embeddings.stores import default_embeddings_dir, open_embeddings
 from gnnserve.engine.admission import Admission
 from gnnserve.engine.delay import Backlog
+from gnnserve.engine.requests import RequestLimits, validate_request
 from gnnserve.errors import MissingEmbeddingsError, OverloadedError, ShuttingDownError
 from gnnserve.features import open_feature_store
 from gnnserve.graph import GraphStore, open_graph_store
@@ -24,10 +25,12 @@ from gnnserve.models.runner import ModelRunner
 from gnnserve.newnodes.inference import NewNodeInference
 from gnnserve.newnodes.parse import parse_new_nodes
 from gnnserve.newnodes.service import NewNodeService
+from gnnserve.types import Request
 
 FEATURES = np.random.default_rng(3).standard_normal((3, 16)).astype(np.float32).tolist()
 EDGES = [[0, 5], [0, 17], [1, 5], [2, 1999], [1, 42], [0, 100], [2, 17]]
 NEW_EDGES = [[0, 1]]
+CONFIG = EmbeddingsConfig(gamma=0.5, policy="importance")  # the service's defaults
 ABOVE = ("gnnserve.engine", "gnnserve.server", "gnnserve.deploy", "gnnserve.cli", "gnnserve.demo")
 
 
@@ -66,7 +69,7 @@ def service(pe_store: Path, ckpt: Path, pes: bool = True, **admission: object): 
     graph, feats = open_graph_store(pe_store), open_feature_store(pe_store)
     loaded = load_checkpoint(ckpt)
     store = open_embeddings(default_embeddings_dir(pe_store, ckpt)) if pes else None
-    shared = Admission(graph, AdmissionConfig(**admission))  # type: ignore[arg-type]
+    shared = Admission(AdmissionConfig(**admission))  # type: ignore[arg-type]
     reads = RecordingReads(graph)
     svc = NewNodeService(
         ModelRunner(loaded.model, loaded.version),
@@ -75,19 +78,29 @@ def service(pe_store: Path, ckpt: Path, pes: bool = True, **admission: object): 
         store,
         shared,
         Backlog(None),
-        EmbeddingsConfig(gamma=0.5, policy="importance"),
+        CONFIG,
         reads=reads,
     )
     return svc, shared, reads
+
+
+def new_request(
+    pe_store: Path, new_edges: object = None, output: str = "label", **options: object
+) -> Request:
+    """A new-node request of FEATURES / EDGES validated as the engine does (the service takes
+    validated requests), with the service's defaults."""
+    limits = RequestLimits(open_graph_store(pe_store), 16, 2, 1024, CONFIG)
+    new = {"features": FEATURES, "edges": EDGES, "new_edges": new_edges}
+    return validate_request(new_nodes=new, output=output, limits=limits, **options)  # type: ignore[arg-type]
 
 
 def test_service_without_engine_equals_inference(pe_store: Path, small_ckpt: Path) -> None:
     svc, shared, reads = service(pe_store, small_ckpt)
     svc.start()
     try:
-        first = svc.submit(FEATURES, EDGES, NEW_EDGES, "probs").result(60)
-        ns = svc.submit(FEATURES, EDGES, None, "embedding", mode="ns", fanouts=[3, 2], seed=7)
-        second = ns.result(60)
+        first = svc.submit(new_request(pe_store, NEW_EDGES, "probs")).result(60)
+        ns = new_request(pe_store, None, "embedding", mode="ns", fanouts=[3, 2], seed=7)
+        second = svc.submit(ns).result(60)
     finally:
         shared.close()
         svc.stop()
@@ -101,8 +114,9 @@ def test_service_without_engine_equals_inference(pe_store: Path, small_ckpt: Pat
     new = parse_new_nodes(FEATURES, EDGES, NEW_EDGES, num_nodes=graph.num_nodes, feature_dim=16)
     want = inference.run(new, "srpe", 0.5, "importance")  # the config's defaults
     assert torch.equal(first.values, torch.softmax(want.logits, 1))
-    assert (first.mode, first.gamma, first.policy) == ("srpe", 0.5, "importance")
-    np.testing.assert_array_equal(first.recomputed_nodes, want.recomputed)
+    info = first.new_nodes
+    assert info is not None and (info.mode, info.gamma, info.policy) == ("srpe", 0.5, "importance")
+    np.testing.assert_array_equal(info.recomputed, want.recomputed)
     new = parse_new_nodes(FEATURES, EDGES, None, num_nodes=graph.num_nodes, feature_dim=16)
     assert torch.equal(second.values, inference.run(new, "ns", fanouts=[3, 2], seed=7).embedding)
     # ids from the shared admission; versions pinned through ``reads`` (warm-up + 2 requests)
@@ -114,15 +128,15 @@ def test_service_without_engine_equals_inference(pe_store: Path, small_ckpt: Pat
 
 def test_shared_admission_bound_and_refusals(pe_store: Path, small_ckpt: Path) -> None:
     svc, shared, _ = service(pe_store, small_ckpt, max_queue_requests=1)
-    held = shared.admit([1, 2], "label")  # an existing-node request holds the only slot
-    with pytest.raises(OverloadedError):
-        svc.submit(FEATURES, EDGES)  # not started: nothing would run it, yet nothing queued
+    held = shared.admit(Request(nodes=np.array([1, 2])))  # an existing-node request holds the
+    with pytest.raises(OverloadedError):  # only slot
+        svc.submit(new_request(pe_store))  # not started: nothing would run it, yet nothing queued
     held.future.set_result(None)  # type: ignore[arg-type]
     assert shared.in_flight == 0 and svc._queue.empty()
     shared.close()
     with pytest.raises(ShuttingDownError):
-        svc.submit(FEATURES, EDGES)
+        svc.submit(new_request(pe_store))
     bare, _, _ = service(pe_store, small_ckpt, pes=False)
     with pytest.raises(MissingEmbeddingsError) as err:
-        bare.submit(FEATURES, EDGES)
+        bare.submit(new_request(pe_store))
     assert err.value.field == "new_nodes"

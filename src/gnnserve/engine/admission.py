@@ -1,39 +1,45 @@
-"""Admission control: validate a request, bound the work in flight, stamp its deadline.
+"""Admission control: bound the work in flight, stamp a validated request's deadline.
 
-A request is refused with 429 (OverloadedError) when ``max_queue_requests`` are in flight, when
-the work admitted ahead of it is predicted to take longer than ``max_queue_delay_ms``, or when
-its answer is predicted to come after its deadline (see :mod:`gnnserve.engine.delay`; that
-prediction includes a margin calibrated on the actual latencies of admitted requests). An
-engine with nothing queued or in flight admits whatever the prediction. The deadline is
-``timeout_s`` after admission, or earlier when the caller set one: the HTTP layer sets it from
-the ``X-Timeout-Ms`` header through :data:`REQUEST`, Python callers with
+Requests arrive validated (:mod:`gnnserve.engine.requests`). A request is refused with 429
+(OverloadedError) when ``max_queue_requests`` are in flight, when the work admitted ahead of it
+is predicted to take longer than ``max_queue_delay_ms``, or when its answer is predicted to come
+after its deadline (see :mod:`gnnserve.engine.delay`; that prediction includes a margin
+calibrated on the actual latencies of admitted requests). An engine with nothing queued or in
+flight admits whatever the prediction. The deadline is ``timeout_s`` after admission, or earlier
+when the caller set one: the HTTP layer sets it from the ``X-Timeout-Ms`` header through
+:data:`REQUEST`, Python callers with the request's ``timeout_ms`` option or
 :func:`request_timeout`.
 """
 
 from __future__ import annotations
 
 import itertools
-import math
 import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import Future
 from contextlib import contextmanager
 from contextvars import ContextVar
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
-
-import numpy as np
 
 from gnnserve.config import AdmissionConfig
 from gnnserve.engine.delay import Backlog, Calibration, Prediction
-from gnnserve.errors import InvalidInputError, OverloadedError, ShuttingDownError, TooManyNodesError
-from gnnserve.graph.base import GraphStore
-from gnnserve.newnodes.parse import parse_output
-from gnnserve.types import InferenceRequest, InferenceResult, OutputKind
+from gnnserve.engine.requests import check_timeout_ms
+from gnnserve.errors import OverloadedError, ShuttingDownError
+from gnnserve.types import Request, Result, Ticket
+
+__all__ = [
+    "REQUEST",
+    "TIMEOUT_HEADER",
+    "Admission",
+    "RequestContext",
+    "Ticket",
+    "parse_timeout_ms",
+    "request_timeout",
+]
 
 TIMEOUT_HEADER = "X-Timeout-Ms"
-MAX_TIMEOUT_MS = 86_400_000.0  # one day
 
 
 @dataclass
@@ -59,17 +65,7 @@ REQUEST: ContextVar[RequestContext | None] = ContextVar("gnnserve_request", defa
 
 def parse_timeout_ms(value: object) -> float:
     """A caller's timeout in ms, > 0 and finite; InvalidInputError naming the header otherwise."""
-    try:
-        ms = float(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        ms = math.nan
-    if not (0 < ms <= MAX_TIMEOUT_MS):
-        raise InvalidInputError(
-            f"{TIMEOUT_HEADER} must be a number of milliseconds in (0, {MAX_TIMEOUT_MS:.0f}], "
-            f"got {str(value)[:40]!r}",
-            TIMEOUT_HEADER,
-        )
-    return ms
+    return check_timeout_ms(value, TIMEOUT_HEADER)
 
 
 @contextmanager
@@ -84,14 +80,6 @@ def request_timeout(timeout_ms: float) -> Iterator[None]:
         REQUEST.reset(token)
 
 
-@dataclass
-class Ticket:
-    """An admitted request and the future its caller waits on."""
-
-    request: InferenceRequest  # what was asked
-    future: Future[InferenceResult] = field(default_factory=Future)  # resolved by the engine
-
-
 class Admission:
     """Admission by in-flight bound, predicted queueing delay and deadline.
 
@@ -99,10 +87,7 @@ class Admission:
     nodes); other queues (new nodes) pass their own :class:`Backlog` to :meth:`reserve`.
     """
 
-    def __init__(
-        self, graph: GraphStore, config: AdmissionConfig, max_batch_nodes: int | None = 1024
-    ) -> None:
-        self.graph = graph
+    def __init__(self, config: AdmissionConfig, max_batch_nodes: int | None = 1024) -> None:
         self.config = config
         self.backlog = Backlog(max_batch_nodes, config.service_halflife)
         self._in_flight = 0
@@ -124,36 +109,32 @@ class Admission:
         """Refuse every later request (graceful shutdown)."""
         self._closed = True
 
-    def deadline(self, now: float) -> float:
-        """perf_counter() deadline of a request admitted at ``now``: ``timeout_s`` or earlier."""
+    def deadline(self, now: float, timeout_ms: float | None = None) -> float:
+        """perf_counter() deadline of a request admitted at ``now``: ``timeout_s``, or earlier
+        when the caller set one (``timeout_ms``, or the HTTP header through :data:`REQUEST`)."""
         deadline = now + self.config.timeout_s
+        if timeout_ms is not None:
+            deadline = min(deadline, now + timeout_ms / 1e3)
         ctx = REQUEST.get()
         if ctx is not None and ctx.deadline_s is not None:
             deadline = min(deadline, ctx.deadline_s)
         return deadline
 
-    def admit(
-        self,
-        nodes: object,
-        output: str | OutputKind,
-        fanouts: tuple[int, ...] | None = None,
-    ) -> Ticket:
-        """Validate and admit; raises InvalidInputError / TooManyNodesError / OverloadedError.
+    def admit(self, request: Request) -> Ticket:
+        """Admit a validated existing-node request; raises ShuttingDownError / OverloadedError.
 
-        ``fanouts`` must already be validated (``Planner.check``). The caller must put the
-        ticket on the batcher's inbox (it is counted in ``backlog`` as queued).
+        The caller must put the ticket on the batcher's inbox (it is counted in ``backlog`` as
+        queued).
         """
         if self._closed:
             raise ShuttingDownError("server is shutting down")
-        kind = parse_output(output)
-        ids = self._check_nodes(nodes)
-        future: Future[InferenceResult] = Future()
+        size = request.size
+        future: Future[Result] = Future()
         now = time.perf_counter()
-        deadline = self.deadline(now)
-        self.reserve(future, self.backlog, int(ids.size), deadline)
-        self.backlog.enqueue(int(ids.size))
-        req = InferenceRequest(ids, kind, self.next_id(), now, deadline, fanouts)
-        return Ticket(req, future)
+        deadline = self.deadline(now, request.options.timeout_ms)
+        self.reserve(future, self.backlog, size, deadline)
+        self.backlog.enqueue(size)
+        return Ticket(request, self.next_id(), now, deadline, future)
 
     def reserve(
         self,
@@ -245,24 +226,3 @@ class Admission:
     def _release(self, _: Future[Any]) -> None:
         with self._lock:
             self._in_flight -= 1
-
-    def _check_nodes(self, nodes: object) -> np.ndarray:
-        if isinstance(nodes, np.ndarray):
-            arr = nodes
-        else:
-            if not isinstance(nodes, (list, tuple)) or any(
-                isinstance(n, bool) or not isinstance(n, (int, np.integer)) for n in nodes
-            ):
-                raise InvalidInputError("nodes must be a list of integer node ids", "nodes")
-            try:
-                arr = np.asarray(nodes, dtype=np.int64) if nodes else np.empty(0, np.int64)
-            except OverflowError:
-                raise InvalidInputError(
-                    "nodes holds an id beyond the int64 range", "nodes"
-                ) from None
-        if arr.size == 0:
-            raise InvalidInputError("nodes must not be empty", "nodes")
-        limit = self.config.max_nodes_per_request
-        if arr.size > limit:
-            raise TooManyNodesError(f"{arr.size} nodes requested, the limit is {limit}", "nodes")
-        return self.graph.check_nodes(arr, "nodes")

@@ -16,10 +16,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from gnnserve.config import BatcherConfig
-from gnnserve.engine.admission import Ticket
 from gnnserve.engine.delay import Backlog
 from gnnserve.errors import DeadlineExceededError, GnnServeError
-from gnnserve.types import MiniBatch, SampledSubgraph
+from gnnserve.types import MiniBatch, SampledSubgraph, Ticket
 
 STOP = object()  # sentinel closing a stage queue
 
@@ -55,7 +54,7 @@ def drop_expired(batch: Batch) -> None:
     for ticket in batch.tickets:
         if ticket.future.done():
             continue
-        deadline = ticket.request.deadline_s
+        deadline = ticket.deadline_s
         if deadline is not None and now > deadline:
             _fail(ticket, DeadlineExceededError("request expired before its batch was computed"))
         else:
@@ -101,11 +100,11 @@ class Batcher:
                 self.stopped = True
                 return None
             assert isinstance(item, Ticket)
-            deadline = item.request.deadline_s
+            deadline = item.deadline_s
             expired = deadline is not None and time.perf_counter() > deadline
             if expired or item.future.cancelled():  # cancelled: its caller went away
                 if self.backlog is not None:
-                    self.backlog.dequeue(int(item.request.nodes.size))
+                    self.backlog.dequeue(int(item.nodes.size))
                 _fail(item, DeadlineExceededError("request expired in the queue"))
                 continue
             return item
@@ -113,15 +112,15 @@ class Batcher:
     def _cost(self, ticket: Ticket) -> float:
         if self.cost is None or self.config.max_batch_cost is None:
             return 0.0
-        return self.cost(ticket.request.nodes)
+        return self.cost(ticket.nodes)
 
     def next_batch(self) -> Batch | None:
         """Block for the first request, then fill the batch; None once stopped and drained."""
         first = self._take(timeout=None)
         if first is None:
             return None
-        tickets = [first]
-        size, cost = first.request.nodes.size, self._cost(first)
+        tickets, fanouts = [first], first.request.options.fanouts
+        size, cost = first.nodes.size, self._cost(first)
         max_cost = self.config.max_batch_cost or float("inf")
         close_at = time.perf_counter() + self.config.max_wait_ms / 1e3
         while size < self.config.max_batch_nodes and cost < max_cost:
@@ -131,17 +130,17 @@ class Batcher:
                 break
             extra = self._cost(ticket)
             if (
-                size + ticket.request.nodes.size > self.config.max_batch_nodes
+                size + ticket.nodes.size > self.config.max_batch_nodes
                 or cost + extra > max_cost
-                or ticket.request.fanouts != first.request.fanouts  # one sampler per batch
+                or ticket.request.options.fanouts != fanouts  # one sampler per batch
             ):
                 self._carry = ticket
                 break
             tickets.append(ticket)
-            size += ticket.request.nodes.size
+            size += ticket.nodes.size
             cost += extra
-        seeds = np.concatenate([t.request.nodes for t in tickets])
-        batch = Batch(tickets, seeds, time.perf_counter(), fanouts=first.request.fanouts)
+        seeds = np.concatenate([t.nodes for t in tickets])
+        batch = Batch(tickets, seeds, time.perf_counter(), fanouts=fanouts)
         if self.backlog is not None:
             batch.token = self.backlog.started(int(seeds.size), len(tickets), batch.formed_s)
         return batch

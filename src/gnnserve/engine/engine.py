@@ -3,7 +3,8 @@
 The executor (``ServeConfig.deploy.mode``, see :mod:`gnnserve.engine.executor`) runs each batch:
 sample -> fetch -> compute in this process for ``local``. Requests for new nodes (features and
 edges the graph does not hold) take their own queue, :mod:`gnnserve.newnodes.service`, and are
-run by the same executor.
+run by the same executor. Both kinds are one :class:`~gnnserve.types.Request`, validated once
+(:mod:`gnnserve.engine.requests`), and answered with one :class:`~gnnserve.types.Result`.
 """
 
 from __future__ import annotations
@@ -25,13 +26,14 @@ from gnnserve.engine.batcher import STOP, Batch, Batcher
 from gnnserve.engine.delay import Backlog
 from gnnserve.engine.executor import EXECUTORS, ExecutionContext, Executor
 from gnnserve.engine.planner import Planner
+from gnnserve.engine.requests import RequestLimits, request_fields, validate_request
 from gnnserve.engine.warmup import warm_up_engine
-from gnnserve.errors import GnnServeError, ReadOnlyStoreError
+from gnnserve.errors import GnnServeError, ReadOnlyStoreError, ShuttingDownError
 from gnnserve.features.base import FeatureStore
 from gnnserve.graph.base import GraphStore
 from gnnserve.models.runner import ModelRunner
-from gnnserve.newnodes.service import NewNodePrediction, NewNodeService
-from gnnserve.types import InferenceResult, OutputKind
+from gnnserve.newnodes.service import NewNodeService
+from gnnserve.types import OutputKind, Request, Result
 
 log = logging.getLogger(__name__)
 
@@ -39,10 +41,10 @@ log = logging.getLogger(__name__)
 class Engine:
     """Serves predictions for existing nodes of one graph with one model, and for new nodes.
 
-    Thread-safe: ``submit`` may be called from any thread; ``predict`` blocks, ``apredict`` awaits
-    (likewise ``submit_new_nodes``, ``predict_new_nodes``, ``apredict_new_nodes``). New-node
-    requests need ``embeddings`` (the PEs of this model on this graph); without them they are
-    refused with ``embeddings_error`` (409).
+    Thread-safe: ``request`` builds a validated :class:`Request` (existing nodes or new ones),
+    ``submit`` admits it from any thread; ``predict`` / ``predict_new_nodes`` block,
+    ``apredict`` / ``apredict_new_nodes`` await. New-node requests need ``embeddings`` (the PEs
+    of this model on this graph); without them they are refused with ``embeddings_error`` (409).
     """
 
     def __init__(
@@ -63,8 +65,13 @@ class Engine:
         self.psgs = self.planner.psgs  # expected sampled nodes per seed (None: graph changes)
         if updates is not None and self.planner.presampler is not None:
             updates.subscribe(self.planner.presampler)  # built from this version's CSR
-        self.admission = Admission(
-            graph, self.config.admission, self.config.batcher.max_batch_nodes
+        self.admission = Admission(self.config.admission, self.config.batcher.max_batch_nodes)
+        self.limits = RequestLimits(
+            graph,
+            features.dim,
+            runner.model.config.num_layers,
+            self.config.admission.max_nodes_per_request,
+            self.config.embeddings,
         )
         self._inbox: queue.Queue[object] = queue.Queue()
         self.batcher = Batcher(
@@ -165,19 +172,66 @@ class Engine:
         self.stop()
 
     # requests ------------------------------------------------------------------------------
-    def submit(
-        self, nodes: object, output: str | OutputKind = "label", fanouts: object = None
-    ) -> Future[InferenceResult]:
-        """Admit a request and return its future; raises typed errors for bad or excess input.
+    def request(
+        self,
+        nodes: object = None,
+        new_nodes: object = None,
+        *,
+        output: object = "label",
+        fanouts: object = None,
+        mode: object = None,
+        gamma: object = None,
+        policy: object = None,
+        seed: object = None,
+        timeout_ms: object = None,
+    ) -> Request:
+        """A validated request (``engine.requests.validate_request`` with this engine's limits).
 
-        ``fanouts`` (one per model layer, -1 = all neighbours) overrides the configured ones.
+        ``nodes``: existing node ids; or ``new_nodes``: a NewNodes or a mapping of
+        ``features`` [m, F], ``edges`` [E, 2] (new node index, existing node id) and
+        ``new_edges`` [E2, 2]. ``fanouts`` (one per model layer, -1 = all neighbours) override
+        the configured ones (new nodes: those of mode ``ns``); ``mode``, ``gamma``, ``policy``
+        (new nodes) default to ``config.embeddings``; ``seed`` drives mode ``ns`` and the
+        ``random`` policy; ``timeout_ms`` bounds the wait for the answer. A stopping engine
+        refuses first (503), then one without usable PEs a new-node request (409), then a bad
+        field (InvalidInputError / TooManyNodesError naming it).
         """
+        if self.admission.closed:
+            raise ShuttingDownError("server is shutting down")
+        if nodes is None and new_nodes is not None:
+            self.new_nodes.pes()  # 409 before the (possibly large) fields are read
+        return validate_request(
+            nodes,
+            new_nodes,
+            output=output,
+            fanouts=fanouts,
+            mode=mode,
+            gamma=gamma,
+            policy=policy,
+            seed=seed,
+            timeout_ms=timeout_ms,
+            limits=self.limits,
+        )
+
+    def submit(self, request: Request) -> Future[Result]:
+        """Admit ``request`` and return its future; raises typed errors when it is refused.
+
+        A request not built by :meth:`request` (or ``validate_request`` with :attr:`limits`) is
+        validated first.
+        """
+        if request.checked_by is not self.limits:
+            request = self.request(**request_fields(request))
         if not self._started:
             self.start()
-        checked = None if fanouts is None else self.planner.check(fanouts)
-        ticket = self.admission.admit(nodes, output, checked)
+        if request.new is not None:
+            return self.new_nodes.submit(request)
+        ticket = self.admission.admit(request)
         self._inbox.put(ticket)
         return ticket.future
+
+    async def asubmit(self, request: Request) -> Result:
+        """Awaitable :meth:`submit`, for asyncio servers."""
+        return await asyncio.wrap_future(self.submit(request))
 
     def predict(
         self,
@@ -185,40 +239,16 @@ class Engine:
         output: str | OutputKind = "label",
         timeout_s: float | None = None,
         fanouts: object = None,
-    ) -> InferenceResult:
+    ) -> Result:
         """Blocking prediction for ``nodes`` (existing node ids)."""
-        return self.submit(nodes, output, fanouts).result(timeout=timeout_s)
+        request = self.request(nodes, output=output, fanouts=fanouts)
+        return self.submit(request).result(timeout=timeout_s)
 
     async def apredict(
         self, nodes: object, output: str | OutputKind = "label", fanouts: object = None
-    ) -> InferenceResult:
+    ) -> Result:
         """Awaitable prediction, for asyncio servers."""
-        return await asyncio.wrap_future(self.submit(nodes, output, fanouts))
-
-    def submit_new_nodes(
-        self,
-        features: object,
-        edges: object,
-        new_edges: object = None,
-        output: str | OutputKind = "label",
-        mode: object = None,
-        gamma: object = None,
-        policy: object = None,
-        fanouts: object = None,
-        seed: object = 0,
-    ) -> Future[NewNodePrediction]:
-        """Admit a request for new nodes and return its future (see ``NewNodeService.submit``).
-
-        ``features`` [m, F]; ``edges`` [E, 2] (new node index, existing node id); ``new_edges``
-        [E2, 2] between new nodes. ``mode``, ``gamma`` and ``policy`` default to
-        ``config.embeddings``; ``fanouts`` are those of mode ``ns``; ``seed`` drives its sampling
-        and the ``random`` policy.
-        """
-        if not self._started:
-            self.start()
-        return self.new_nodes.submit(
-            features, edges, new_edges, output, mode, gamma, policy, fanouts, seed
-        )
+        return await self.asubmit(self.request(nodes, output=output, fanouts=fanouts))
 
     def predict_new_nodes(
         self,
@@ -228,10 +258,12 @@ class Engine:
         output: str | OutputKind = "label",
         timeout_s: float | None = None,
         **options: object,
-    ) -> NewNodePrediction:
-        """Blocking :meth:`submit_new_nodes`; ``options``: mode, gamma, policy, fanouts, seed."""
-        future = self.submit_new_nodes(features, edges, new_edges, output, **options)
-        return future.result(timeout=timeout_s)
+    ) -> Result:
+        """Blocking prediction for new nodes (see :meth:`request`); ``options``: mode, gamma,
+        policy, fanouts, seed, timeout_ms. ``result.new_nodes`` holds what the mode did."""
+        new = {"features": features, "edges": edges, "new_edges": new_edges}
+        request = self.request(new_nodes=new, output=output, **options)
+        return self.submit(request).result(timeout=timeout_s)
 
     async def apredict_new_nodes(
         self,
@@ -240,10 +272,11 @@ class Engine:
         new_edges: object = None,
         output: str | OutputKind = "label",
         **options: object,
-    ) -> NewNodePrediction:
-        """Awaitable :meth:`submit_new_nodes`, for asyncio servers."""
-        future = self.submit_new_nodes(features, edges, new_edges, output, **options)
-        return await asyncio.wrap_future(future)
+    ) -> Result:
+        """Awaitable :meth:`predict_new_nodes`, for asyncio servers."""
+        new = {"features": features, "edges": edges, "new_edges": new_edges}
+        request = self.request(new_nodes=new, output=output, **options)
+        return await self.asubmit(request)
 
     def apply_updates(self, ops: object) -> UpdateResult:
         """Apply a batch of graph updates (durable before it returns); see dynamic.updates."""

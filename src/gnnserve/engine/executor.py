@@ -59,16 +59,8 @@ class BatchSource(Protocol):
 class NewNodeRunner(Protocol):
     """The single-process new-node inference (``gnnserve.newnodes.inference``)."""
 
-    def run(
-        self,
-        new: NewNodes,
-        mode: str,
-        gamma: float,
-        policy: str,
-        fanouts: tuple[int, ...] | None,
-        seed: int,
-    ) -> NewNodeResult:
-        """Logits and embeddings of the new nodes of ``new``."""
+    def infer(self, new: NewNodes, mode: str, options: RunOptions) -> NewNodeResult:
+        """Logits and embeddings of the new nodes of ``new`` (validated at admission)."""
 
 
 @dataclass
@@ -108,9 +100,9 @@ class Executor(ABC):
     def run_new_nodes(
         self, local: NewNodeRunner, new: NewNodes, mode: str, options: RunOptions
     ) -> NewNodeResult:
-        """Answer one new-node request; default: ``local`` (the single-process inference)."""
-        o = options
-        return local.run(new, mode, o.gamma, o.policy, o.fanouts, o.seed)
+        """Answer one new-node request, validated at admission (``mode`` and ``options``
+        resolved: no check is repeated); default: ``local`` (the single-process inference)."""
+        return local.infer(new, mode, options)
 
     def describe(self) -> dict[str, object]:
         """What runs where, for logs and health answers."""

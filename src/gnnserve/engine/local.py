@@ -18,7 +18,7 @@ from gnnserve.engine.batcher import STOP, Batch, drop_expired
 from gnnserve.engine.executor import BatchSource, ExecutionContext, Executor
 from gnnserve.engine.pipeline import Stage, fail_batch
 from gnnserve.errors import GnnServeError
-from gnnserve.types import InferenceResult, MiniBatch, SampledSubgraph, StageTimings
+from gnnserve.types import MiniBatch, Result, SampledSubgraph, StageTimings
 
 
 class LocalExecutor(Executor):
@@ -116,27 +116,27 @@ class LocalExecutor(Executor):
         offset = 0
         now = time.perf_counter()
         for ticket in batch.tickets:
-            req = ticket.request
-            mine = rows[offset : offset + req.nodes.size]
-            offset += req.nodes.size
+            nodes, output = ticket.nodes, ticket.request.options.output
+            mine = rows[offset : offset + nodes.size]
+            offset += nodes.size
             try:
-                values = runner.shape_output(req.output, logits, embedding, mine, req.nodes)
+                values = runner.shape_output(output, logits, embedding, mine, nodes)
             except GnnServeError as exc:  # NaN/inf outputs: this request fails, not the batch
                 if not ticket.future.done():
                     ticket.future.set_exception(exc)
                 continue
             timings = StageTimings(
-                queue_ms=(batch.formed_s - req.arrival_s) * 1e3,
+                queue_ms=(batch.formed_s - ticket.arrival_s) * 1e3,
                 sample_ms=batch.stage_ms.get("sample", 0.0),
                 fetch_ms=batch.stage_ms.get("fetch", 0.0),
                 compute_ms=batch.stage_ms.get("compute", 0.0),
-                total_ms=(now - req.arrival_s) * 1e3,
+                total_ms=(now - ticket.arrival_s) * 1e3,
                 batch_size=batch.subgraph.num_seeds,
             )
-            result = InferenceResult(
-                req.request_id,
-                req.nodes,
-                req.output,
+            result = Result(
+                ticket.request_id,
+                nodes,
+                output,
                 values,
                 runner.version,
                 batch.graph_version,

@@ -2,6 +2,8 @@
 
 - the request's fanouts equal the installed pre-sampling query -> reservoir look-ups (DGS)
 - otherwise -> on-demand k-hop sampling with those fanouts (one sampler per fanout tuple)
+
+A batch's fanouts were validated with its requests (``engine.requests``): they are trusted here.
 """
 
 from __future__ import annotations
@@ -12,7 +14,6 @@ from typing import Protocol
 import numpy as np
 
 from gnnserve.config import SamplerConfig
-from gnnserve.errors import InvalidInputError
 from gnnserve.fanouts import check_fanouts
 from gnnserve.graph.base import GraphStore
 from gnnserve.sampling.metrics import psgs
@@ -37,7 +38,7 @@ class Planner:
         self.graph = graph
         self.config = config
         self.num_layers = num_layers
-        self.default: Fanouts = self.check(config.fanouts)
+        self.default: Fanouts = tuple(check_fanouts(config.fanouts, hops=num_layers))
         # PSGS for a graph that changes would go stale: the sampler falls back to a fanout bound
         cost = None if graph.mutable else psgs(graph, list(self.default))
         self.psgs = cost
@@ -49,16 +50,6 @@ class Planner:
             indptr, indices = graph.csr()
             self.presampler = PreSampler(indptr, indices, list(self.default), config.seed)
         self._lock = threading.Lock()
-
-    def check(self, fanouts: object) -> Fanouts:
-        """Validated fanouts as a tuple: one int in 1..MAX_FANOUT or -1 per model layer."""
-        checked = tuple(check_fanouts(fanouts))
-        if len(checked) != self.num_layers:
-            raise InvalidInputError(
-                f"fanouts has {len(checked)} hops, the model has {self.num_layers} layers",
-                "fanouts",
-            )
-        return checked
 
     def _on_demand(self, fanouts: Fanouts, cost: np.ndarray | None = None) -> NeighborSampler:
         c = self.config

@@ -56,6 +56,7 @@ from gnnserve.types import Block, NewNodes, SampledSubgraph
 __all__ = [
     "MODES",
     "NewNodeInference",
+    "check_mode",
     "NewNodeResult",
     "NewNodeSizes",
     "NewNodeTimings",
@@ -63,6 +64,13 @@ __all__ = [
 ]
 
 MODES: Registry[NewNodeResult] = Registry("mode")
+
+
+def check_mode(mode: object) -> str:
+    """``mode`` when it names one of :data:`MODES`, else InvalidInputError naming ``mode``."""
+    if not isinstance(mode, str) or mode not in MODES.names():
+        raise InvalidInputError(f"unknown mode {mode!r}; choose one of {MODES.names()}", "mode")
+    return mode
 
 
 def _ms(start: float) -> float:
@@ -129,12 +137,18 @@ class NewNodeInference:
         fanouts: Sequence[int] | None = None,
         seed: int = 0,
     ) -> NewNodeResult:
-        """Logits and embeddings of the new nodes of ``new`` computed with ``mode``."""
-        start = time.perf_counter()
+        """Logits and embeddings of the new nodes of ``new`` computed with ``mode``.
+
+        Checks ``new`` and every option (InvalidInputError naming the field), then :meth:`infer`.
+        """
         new = check_new_nodes(new, self.num_nodes, self.model.config.in_dim)
-        if not isinstance(mode, str) or mode not in MODES.names():
-            raise InvalidInputError(f"unknown mode {mode!r}; choose one of {MODES.names()}", "mode")
-        options = self._options(gamma, policy, fanouts, seed)
+        mode = check_mode(mode)
+        return self.infer(new, mode, self._options(gamma, policy, fanouts, seed))
+
+    def infer(self, new: NewNodes, mode: str, options: RunOptions) -> NewNodeResult:
+        """:meth:`run` for input already validated (at admission, ``engine.requests``): ``new``
+        against this graph, ``mode`` one of :data:`MODES`, ``options`` checked."""
+        start = time.perf_counter()
         with torch.inference_mode():
             result = MODES.create(mode, self, new, options)
         result.mode = mode

@@ -1,8 +1,8 @@
 """New nodes sent with a request: validation of their features and edges.
 
 :func:`parse_new_nodes` turns caller input (lists, arrays or tensors) into a checked
-:class:`~gnnserve.types.NewNodes`; :func:`parse_output` names the output kind. The graph G+ they
-form with the stored graph is :class:`~gnnserve.newnodes.overlay.AdjacencyOverlay`.
+:class:`~gnnserve.types.NewNodes` (at admission: ``engine.requests``). The graph G+ they form
+with the stored graph is :class:`~gnnserve.newnodes.overlay.AdjacencyOverlay`.
 """
 
 from __future__ import annotations
@@ -11,24 +11,13 @@ import numpy as np
 import torch
 
 from gnnserve.errors import InvalidInputError, TooManyNodesError
-from gnnserve.types import NewNodes, OutputKind
+from gnnserve.types import NewNodes
 
-__all__ = ["check_new_nodes", "parse_new_nodes", "parse_output"]
+__all__ = ["check_new_nodes", "parse_new_nodes"]
 
 FEATURES_FIELD = "new_nodes.features"
 EDGES_FIELD = "new_nodes.edges"
 NEW_EDGES_FIELD = "new_nodes.new_edges"
-
-
-def parse_output(output: str | OutputKind) -> OutputKind:
-    """OutputKind from its name; unknown names raise InvalidInputError naming ``output``."""
-    try:
-        return OutputKind(output)
-    except ValueError:
-        kinds = [k.value for k in OutputKind]
-        raise InvalidInputError(
-            f"unknown output {output!r}; choose one of {kinds}", "output"
-        ) from None
 
 
 def _as_array(value: object, field: str) -> np.ndarray:

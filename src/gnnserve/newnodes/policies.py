@@ -83,6 +83,15 @@ def check_gamma(gamma: object) -> float:
     return float(gamma)
 
 
+def check_policy(policy: object) -> str:
+    """``policy`` when it names one of :data:`POLICIES`, else InvalidInputError naming it."""
+    if not isinstance(policy, str) or policy not in POLICIES.names():
+        raise InvalidInputError(
+            f"unknown policy {policy!r}; choose one of {POLICIES.names()}", "policy"
+        )
+    return policy
+
+
 def budget(gamma: float, count: int) -> int:
     """Number of candidates recomputed: ceil(gamma * count)."""
     return min(count, math.ceil(check_gamma(gamma) * count - 1e-9))

@@ -1,4 +1,9 @@
-"""Options and results of a new-node request (see :mod:`gnnserve.newnodes.inference`)."""
+"""Options and results of a new-node run (see :mod:`gnnserve.newnodes.inference`).
+
+One check per option (:func:`check_seed`, :func:`check_ns_fanouts`; mode, gamma and policy are
+checked next to their registries), used both at admission (``engine.requests``) and by the
+public entry points that take raw options (:func:`check_run_options`).
+"""
 
 from __future__ import annotations
 
@@ -9,7 +14,8 @@ import torch
 
 from gnnserve.errors import InvalidInputError
 from gnnserve.fanouts import check_fanouts
-from gnnserve.newnodes.policies import POLICIES, check_gamma
+from gnnserve.newnodes.policies import check_gamma, check_policy
+from gnnserve.types import RequestOptions
 
 DEFAULT_MODE = "srpe"
 DEFAULT_GAMMA = 0.1
@@ -50,8 +56,22 @@ class NewNodeSizes:
 
 
 @dataclass
+class Traffic:
+    """What the CGP workers exchanged to answer one request (``deploy.cgp``), in bytes."""
+
+    bytes_sent: int  # bytes the workers sent each other (request payload excluded), all workers
+    bytes_by: dict[str, int]  # bytes_sent per step ("candidates", "layer 1 partials", ...)
+    plain_bytes: int  # bytes one worker (0) would fetch to build the same SRPE graph itself
+    plain_by: dict[str, int]  # by kind: feature rows (dense or sparse), PE rows, adjacency;
+    # "feature rows if dense" (float32) for comparison, not part of plain_bytes
+    request_bytes: int  # payload the master sent the workers (features and edge ids)
+    worker_ms: list[float]  # wall time of each worker's part, milliseconds
+
+
+@dataclass
 class NewNodeResult:
-    """Predictions for the new nodes of one request, in request order."""
+    """Predictions for the new nodes of one request, in request order (``traffic``: set when
+    CGP workers computed them)."""
 
     logits: torch.Tensor  # float32 [m, C]: layer-k output of every new node
     embedding: torch.Tensor  # float32 [m, H]: layer-k input of every new node
@@ -60,16 +80,32 @@ class NewNodeResult:
     mode: str  # the mode that produced it
     timings: NewNodeTimings = field(default_factory=NewNodeTimings)
     sizes: NewNodeSizes = field(default_factory=NewNodeSizes)
+    traffic: Traffic | None = None
 
 
 @dataclass(frozen=True)
 class RunOptions:
-    """Validated options of one ``run``."""
+    """Validated options of one run, the server's defaults filled in."""
 
     gamma: float
     policy: str
     fanouts: tuple[int, ...]
     seed: int
+
+
+def check_seed(seed: object) -> int:
+    """The seed as a Python int; InvalidInputError naming ``seed`` otherwise."""
+    if isinstance(seed, bool) or not isinstance(seed, int | np.integer):
+        raise InvalidInputError(f"seed must be an int, got {seed!r}", "seed")
+    return int(seed)
+
+
+def check_ns_fanouts(fanouts: object, num_layers: int) -> tuple[int, ...]:
+    """Fanouts of mode ``ns``: :func:`default_fanouts` for None, else one per layer
+    (:func:`gnnserve.fanouts.check_fanouts`)."""
+    if fanouts is None:
+        return default_fanouts(num_layers)
+    return tuple(check_fanouts(fanouts, hops=num_layers))
 
 
 def check_run_options(
@@ -80,14 +116,15 @@ def check_run_options(
     ``fanouts`` None means :func:`default_fanouts`; otherwise one int > 0 or -1 per layer.
     """
     g = check_gamma(gamma)
-    if not isinstance(policy, str) or policy not in POLICIES.names():
-        raise InvalidInputError(
-            f"unknown policy {policy!r}; choose one of {POLICIES.names()}", "policy"
-        )
-    if fanouts is None:
-        fo = default_fanouts(num_layers)
-    else:
-        fo = tuple(check_fanouts(fanouts, hops=num_layers))
-    if isinstance(seed, bool) or not isinstance(seed, int | np.integer):
-        raise InvalidInputError(f"seed must be an int, got {seed!r}", "seed")
-    return RunOptions(g, policy, fo, int(seed))
+    p = check_policy(policy)
+    fo = check_ns_fanouts(fanouts, num_layers)
+    return RunOptions(g, p, fo, check_seed(seed))
+
+
+def run_options(options: RequestOptions) -> tuple[str, RunOptions]:
+    """(mode, options) of a validated new-node request (``engine.requests.validate_request``
+    filled in every default): no check is repeated."""
+    o = options
+    if o.mode is None or o.gamma is None or o.policy is None or o.fanouts is None:
+        raise ValueError(f"new-node options not validated at admission: {o}")
+    return o.mode, RunOptions(o.gamma, o.policy, o.fanouts, o.seed)

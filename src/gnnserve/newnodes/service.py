@@ -1,8 +1,9 @@
-"""The serving path of new-node requests (OMEGA): checked at submit, run on one worker thread.
+"""The serving path of new-node requests (OMEGA): admitted at submit, run on one worker thread.
 
-A request carries nodes the graph does not hold (features and edges). It is validated when
-submitted (typed errors, nothing queued), admitted under the admission shared with every other
-request (in-flight bound, predicted delay, deadline), then answered by
+A request carries nodes the graph does not hold (features and edges). It arrives validated
+(``engine.requests.validate_request``: typed errors, nothing queued), is admitted under the
+admission shared with every other request (in-flight bound, predicted delay, deadline), then
+answered by
 :class:`~gnnserve.newnodes.inference.NewNodeInference` on a dedicated thread while it holds the
 graph's read lock. Precomputed embeddings (PEs) are re-checked against the graph version under
 that lock: once the store has changed they are stale and the request is refused (409), never
@@ -22,18 +23,15 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
-import torch
 
 from gnnserve.config import AdmissionConfig, EmbeddingsConfig
 from gnnserve.embeddings.base import EmbeddingStore
 from gnnserve.errors import (
     DeadlineExceededError,
     GnnServeError,
-    InvalidInputError,
     MissingEmbeddingsError,
     ShuttingDownError,
     StaleEmbeddingsError,
@@ -41,10 +39,9 @@ from gnnserve.errors import (
 from gnnserve.features.base import FeatureStore
 from gnnserve.graph.base import GraphStore
 from gnnserve.models.runner import ModelRunner
-from gnnserve.newnodes.inference import MODES, NewNodeInference
-from gnnserve.newnodes.parse import parse_new_nodes, parse_output
-from gnnserve.newnodes.result import NewNodeResult, RunOptions, check_run_options
-from gnnserve.types import InferenceResult, NewNodes, OutputKind, StageTimings
+from gnnserve.newnodes.inference import NewNodeInference
+from gnnserve.newnodes.result import NewNodeResult, RunOptions, run_options
+from gnnserve.types import NewNodeInfo, NewNodes, Request, Result, StageTimings, Ticket
 
 log = logging.getLogger(__name__)
 
@@ -75,52 +72,6 @@ def check_embeddings(pes: EmbeddingStore, model_version: str, graph: GraphStore)
             f"{graph.num_nodes}; run `gnnserve precompute` again",
             "graph_version",
         )
-
-
-@dataclass
-class NewNodePrediction(InferenceResult):
-    """The answer to a new-node request; ``nodes`` are the request indices 0..m-1.
-
-    ``gamma`` and ``policy`` are those the mode used: None where it does not use them (``full``,
-    ``ns``; ``pe`` recomputes nothing, gamma 0). Timings: ``sample_ms`` is the plan (computation
-    graph) time, ``fetch_ms`` the feature and PE gather, ``batch_size`` the number of new nodes.
-    """
-
-    mode: str = ""
-    gamma: float | None = None
-    policy: str | None = None
-    num_candidates: int = 0  # |R|: existing nodes with an edge from a new node
-    recomputed_nodes: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
-    logits: torch.Tensor = field(default_factory=lambda: torch.empty(0))  # [m, C]
-    embedding: torch.Tensor = field(default_factory=lambda: torch.empty(0))  # [m, H]
-
-    @property
-    def new_nodes(self) -> int:
-        """m: the number of new nodes answered."""
-        return int(self.nodes.size)
-
-    @property
-    def recomputed(self) -> int:
-        """Number of existing nodes whose PEs were recomputed for this request."""
-        return int(self.recomputed_nodes.size)
-
-    def as_output(self, output: str | OutputKind) -> torch.Tensor:
-        """The values of another output kind (no recomputation): labels, probs or embeddings."""
-        rows = np.arange(self.new_nodes, dtype=np.int64)
-        return ModelRunner.shape_output(parse_output(output), self.logits, self.embedding, rows)
-
-
-@dataclass(frozen=True)
-class NewNodeRequest:
-    """A validated, admitted new-node request."""
-
-    new: NewNodes
-    output: OutputKind
-    mode: str
-    options: RunOptions
-    request_id: int
-    arrival_s: float  # perf_counter() at submit
-    deadline_s: float  # perf_counter() time after which it is dropped unanswered
 
 
 def _used(mode: str, options: RunOptions) -> tuple[float | None, str | None]:
@@ -157,8 +108,9 @@ class SharedAdmission(Protocol):
     def closed(self) -> bool:
         """True once shutdown began."""
 
-    def deadline(self, now: float) -> float:
-        """perf_counter() deadline of a request admitted at ``now``."""
+    def deadline(self, now: float, timeout_ms: float | None = None) -> float:
+        """perf_counter() deadline of a request admitted at ``now`` (``timeout_ms``: the
+        client's)."""
 
     def reserve(self, future: Future[Any], backlog: Any, units: int, deadline: float) -> None:
         """Count ``future`` in flight until done, or raise OverloadedError / ShuttingDownError."""
@@ -183,9 +135,9 @@ RunNewNodes = Callable[[NewNodeInference, NewNodes, str, RunOptions], NewNodeRes
 def run_locally(
     local: NewNodeInference, new: NewNodes, mode: str, options: RunOptions
 ) -> NewNodeResult:
-    """Run a new-node request with the single-process inference (the default ``run``)."""
-    o = options
-    return local.run(new, mode, o.gamma, o.policy, o.fanouts, o.seed)
+    """Run a validated new-node request with the single-process inference (the default
+    ``run``)."""
+    return local.infer(new, mode, options)
 
 
 class NewNodeService:
@@ -195,10 +147,10 @@ class NewNodeService:
     (``reads`` pins its content per request; default the graph itself), ``embeddings`` the PEs
     (checked at start-up); when None, every request is refused with ``unavailable`` (409).
     ``admission`` is shared with the existing-node path; ``backlog`` accounts for this queue in
-    its delay predictions. ``config`` gives the default mode, gamma and policy and the limit on
-    new nodes per request. The :class:`NewNodeInference` is built on first use; ``run`` answers
-    each admitted request with it (default :func:`run_locally`; an executor may run some modes
-    elsewhere, e.g. CGP workers).
+    its delay predictions. ``config`` gives the limit on new nodes per request (its defaults
+    are filled in at validation, ``engine.requests``). The :class:`NewNodeInference` is built
+    on first use; ``run`` answers each admitted request with it (default :func:`run_locally`;
+    an executor may run some modes elsewhere, e.g. CGP workers).
     """
 
     def __init__(
@@ -259,65 +211,38 @@ class NewNodeService:
                     self.runner.model,
                     self.graph,
                     self.features,
-                    self._pes(),
+                    self.pes(),
                     max_new_nodes=self.config.max_new_nodes,
                 )
             return self._inference
 
     # requests --------------------------------------------------------------------------------
-    def submit(
-        self,
-        features: object,
-        edges: object,
-        new_edges: object = None,
-        output: str | OutputKind = "label",
-        mode: object = None,
-        gamma: object = None,
-        policy: object = None,
-        fanouts: object = None,
-        seed: object = 0,
-    ) -> Future[NewNodePrediction]:
-        """Validate and admit a request; its future resolves to a :class:`NewNodePrediction`.
+    def submit(self, request: Request) -> Future[Result]:
+        """Admit a validated new-node request; its future resolves to a :class:`Result` with
+        ``new_nodes`` set.
 
-        Raises (nothing queued) ShuttingDownError, MissingEmbeddingsError /
-        StaleEmbeddingsError (no usable PEs), InvalidInputError / TooManyNodesError naming the
-        field, OverloadedError (admission bound reached).
+        ``request`` comes from ``engine.requests.validate_request`` (options resolved against
+        ``config``); it is not checked again. Raises (nothing queued) ShuttingDownError,
+        MissingEmbeddingsError / StaleEmbeddingsError (no usable PEs), OverloadedError
+        (admission bound reached).
         """
-        cfg, admission = self.config, self.admission
+        new, admission = request.new, self.admission
+        assert new is not None, "an existing-node request"
         if admission.closed:
             raise ShuttingDownError("server is shutting down")
-        pes = self._pes()
-        kind = parse_output(output)
-        mode = cfg.mode if mode is None else mode
-        if not isinstance(mode, str) or mode not in MODES.names():
-            raise InvalidInputError(f"unknown mode {mode!r}; choose one of {MODES.names()}", "mode")
-        options = check_run_options(
-            cfg.gamma if gamma is None else gamma,
-            cfg.policy if policy is None else policy,
-            fanouts,
-            seed,
-            int(self.runner.model.config.num_layers),
-        )
-        new = parse_new_nodes(
-            features,
-            edges,
-            new_edges,
-            num_nodes=self.graph.num_nodes,
-            feature_dim=self.features.dim,
-            max_new_nodes=cfg.max_new_nodes,
-        )
-        check_embeddings(pes, self.runner.version, self.graph)  # early answer; re-checked when run
-        future: Future[NewNodePrediction] = Future()
+        check_embeddings(self.pes(), self.runner.version, self.graph)  # re-checked when run
+        future: Future[Result] = Future()
         with self._lock:
             now = time.perf_counter()
-            deadline = admission.deadline(now)
+            deadline = admission.deadline(now, request.options.timeout_ms)
             admission.reserve(future, self.backlog, new.count, deadline)
             self.backlog.enqueue(new.count)
-            request = NewNodeRequest(new, kind, mode, options, admission.next_id(), now, deadline)
-            self._queue.put((request, future))
+            self._queue.put(Ticket(request, admission.next_id(), now, deadline, future))
         return future
 
-    def _pes(self) -> EmbeddingStore:
+    def pes(self) -> EmbeddingStore:
+        """The precomputed embeddings; without them MissingEmbeddingsError (409), or the error
+        the engine gave (``unavailable``)."""
         if self.embeddings is None:
             raise self.unavailable or MissingEmbeddingsError(
                 "no precomputed embeddings: run `gnnserve precompute`, then serve with them",
@@ -333,23 +258,23 @@ class NewNodeService:
             item = self._queue.get()
             if item is _STOP:
                 return
-            assert isinstance(item, tuple)
-            request, future = item
-            if not future.set_running_or_notify_cancel():
-                self.backlog.dequeue(request.new.count)
+            assert isinstance(item, Ticket) and item.request.new is not None
+            ticket, m = item, item.request.new.count
+            if not ticket.future.set_running_or_notify_cancel():
+                self.backlog.dequeue(m)
                 continue  # the caller gave up while it waited
-            token = self.backlog.started(request.new.count, 1, time.perf_counter())
+            token = self.backlog.started(m, 1, time.perf_counter())
             try:
-                result = self._run(request)
+                result = self._run(ticket)
             except BaseException as exc:  # noqa: BLE001 - reported to the caller
                 self.backlog.finished(token, time.perf_counter(), ok=False)
                 if not isinstance(exc, GnnServeError):
                     log.exception("new-node request failed", exc_info=exc)
                     exc = GnnServeError(f"internal error: {type(exc).__name__}: {exc}")
-                future.set_exception(exc)
+                ticket.future.set_exception(exc)
                 continue
             self.backlog.finished(token, time.perf_counter())  # before the answer, as batches
-            future.set_result(result)
+            ticket.future.set_result(result)
 
     def _warm_up(self) -> None:
         """Build the overlay and importance scores before the first request needs them."""
@@ -361,42 +286,43 @@ class NewNodeService:
         finally:
             self.reads.release_read()
 
-    def _run(self, request: NewNodeRequest) -> NewNodePrediction:
+    def _run(self, ticket: Ticket) -> Result:
         start = time.perf_counter()
-        if start > request.deadline_s:
+        if ticket.deadline_s is not None and start > ticket.deadline_s:
             raise DeadlineExceededError("request expired in the queue")
-        opts, runner = request.options, self.runner
+        request, runner = ticket.request, self.runner
+        new = request.new
+        assert new is not None
+        mode, opts = run_options(request.options)
         graph_version = self.reads.acquire_read()
         try:
-            check_embeddings(self._pes(), runner.version, self.graph)
-            out = self._run_request(self.inference(), request.new, request.mode, opts)
+            check_embeddings(self.pes(), runner.version, self.graph)
+            out = self._run_request(self.inference(), new, mode, opts)
         finally:
             self.reads.release_read()
         logits, embedding = out.logits.cpu(), out.embedding.cpu()
-        m = request.new.count
-        values = runner.shape_output(request.output, logits, embedding, np.arange(m))
-        gamma, policy = _used(request.mode, opts)
+        m = new.count
+        output = request.options.output
+        values = runner.shape_output(output, logits, embedding, np.arange(m))
+        gamma, policy = _used(mode, opts)
         timings = StageTimings(
-            queue_ms=(start - request.arrival_s) * 1e3,
+            queue_ms=(start - ticket.arrival_s) * 1e3,
             sample_ms=out.timings.plan_ms,
             fetch_ms=out.timings.fetch_ms,
             compute_ms=out.timings.compute_ms,
-            total_ms=(time.perf_counter() - request.arrival_s) * 1e3,
+            total_ms=(time.perf_counter() - ticket.arrival_s) * 1e3,
             batch_size=m,
         )
-        return NewNodePrediction(
-            request.request_id,
-            np.arange(m, dtype=np.int64),
-            request.output,
-            values,
-            runner.version,
-            graph_version,
-            timings,
-            mode=request.mode,
-            gamma=gamma,
-            policy=policy,
-            num_candidates=int(out.num_candidates),
-            recomputed_nodes=np.asarray(out.recomputed, dtype=np.int64),
-            logits=logits,
-            embedding=embedding,
+        info = NewNodeInfo(
+            mode,
+            gamma,
+            policy,
+            int(out.num_candidates),
+            np.asarray(out.recomputed, dtype=np.int64),
+            logits,
+            embedding,
+        )
+        nodes = np.arange(m, dtype=np.int64)
+        return Result(
+            ticket.request_id, nodes, output, values, runner.version, graph_version, timings, info
         )

@@ -19,11 +19,10 @@ from fastapi.responses import JSONResponse
 
 from gnnserve.engine.engine import Engine
 from gnnserve.errors import InvalidInputError, UnknownModelError
-from gnnserve.newnodes.service import NewNodePrediction
 from gnnserve.server.limits import echo
 from gnnserve.server.metrics import ServerMetrics
 from gnnserve.server.schemas import InferRequest, InferResponse, InferTensor
-from gnnserve.types import InferenceResult, OutputKind
+from gnnserve.types import OutputKind, Result
 
 INPUT_NAME = "node_ids"
 FEATURES_INPUT = "new_node_features"
@@ -120,16 +119,13 @@ def _new_node_inputs(body: InferRequest) -> dict[str, np.ndarray | None] | None:
 
 async def _infer_node_ids(
     engine: Engine, nodes: list[int], wanted: list[str], body: InferRequest
-) -> list[InferenceResult]:
+) -> list[Result]:
     """One engine run per wanted output; ``parameters`` may set ``fanouts`` (as /v1/predict)."""
     params = body.parameters or {}
     _check_parameters(params, NODE_IDS_PARAMETERS, f"an {INPUT_NAME!r} request")
     try:
-        return list(
-            await asyncio.gather(
-                *(engine.apredict(nodes, w, params.get("fanouts")) for w in wanted)
-            )
-        )
+        requests = [engine.request(nodes, output=w, fanouts=params.get("fanouts")) for w in wanted]
+        return list(await asyncio.gather(*(engine.asubmit(r) for r in requests)))
     except InvalidInputError as exc:
         if exc.field == "nodes":  # the engine's name for the ids: the OIP input is node_ids
             exc.field = INPUT_NAME
@@ -154,29 +150,32 @@ async def _infer_new_nodes(
     params = body.parameters or {}
     _check_parameters(params, NEW_NODE_PARAMETERS, "a new-node request")
     try:
-        result = await engine.apredict_new_nodes(
-            inputs["features"],
-            inputs["edges"],
-            inputs["new_edges"],
-            wanted[0],
+        request = engine.request(
+            new_nodes=inputs,
+            output=wanted[0],
             mode=params.get("mode"),
             gamma=params.get("gamma"),
             policy=params.get("policy"),
             fanouts=params.get("fanouts"),
             seed=params.get("seed", 0),
         )
+        result = await engine.asubmit(request)
     except InvalidInputError as exc:
         exc.field = _FIELDS.get(exc.field or "", exc.field)
         raise
-    assert isinstance(result, NewNodePrediction)
-    values = [result.values] + [result.as_output(w) for w in wanted[1:]]
+    info = result.new_nodes
+    assert info is not None
+    rows = np.arange(result.nodes.size, dtype=np.int64)
+    shape = engine.runner.shape_output
+    values = [result.values]
+    values += [shape(OutputKind(w), info.logits, info.embedding, rows) for w in wanted[1:]]
     parameters = {
-        "new_nodes": result.new_nodes,
-        "mode": result.mode,
-        "gamma": result.gamma,
-        "policy": result.policy,
-        "num_candidates": result.num_candidates,
-        "recomputed": result.recomputed,
+        "new_nodes": int(result.nodes.size),
+        "mode": info.mode,
+        "gamma": info.gamma,
+        "policy": info.policy,
+        "num_candidates": info.num_candidates,
+        "recomputed": int(info.recomputed.size),
         "graph_version": result.graph_version,
     }
     return [_tensor(w, v) for w, v in zip(wanted, values, strict=True)], parameters

@@ -19,7 +19,7 @@ import torch
 
 from gnnserve.data.generators import sbm
 from gnnserve.data.writer import GraphData, write_store
-from gnnserve.deploy.cgp import CGPResult, CGPService
+from gnnserve.deploy.cgp import CGPService
 from gnnserve.deploy.cgp.rows import encode_rows
 from gnnserve.embeddings.precompute import precompute_embeddings
 from gnnserve.errors import InvalidInputError
@@ -28,6 +28,7 @@ from gnnserve.graph import GraphStore, open_graph_store
 from gnnserve.models.zoo import GNN, ModelConfig
 from gnnserve.newnodes.inference import NewNodeInference
 from gnnserve.newnodes.parse import parse_new_nodes
+from gnnserve.newnodes.result import Traffic
 from gnnserve.types import NewNodes
 
 pytestmark = pytest.mark.distributed
@@ -139,7 +140,7 @@ def wide_request(seed: int = 4, sparse: bool = False) -> NewNodes:
     return parse_new_nodes(x, edges, num_nodes=N, feature_dim=FEAT)
 
 
-def assert_matches(s: Setup, new: NewNodes, gamma: float, policy: str, seed: int = 0) -> CGPResult:
+def assert_matches(s: Setup, new: NewNodes, gamma: float, policy: str, seed: int = 0) -> Traffic:
     got = s.service.run(new, gamma, policy, seed=seed)
     want = s.reference.run(new, mode="srpe", gamma=gamma, policy=policy, seed=seed)
     np.testing.assert_array_equal(got.recomputed, want.recomputed)
@@ -149,7 +150,8 @@ def assert_matches(s: Setup, new: NewNodes, gamma: float, policy: str, seed: int
         assert a.shape == b.shape, name
         diff = (a - b).abs().max().item()
         assert torch.allclose(a, b, atol=TOL), f"{name}: max abs diff {diff:.3g}"
-    return got
+    assert got.traffic is not None  # the workers' traffic counts
+    return got.traffic
 
 
 @pytest.mark.parametrize("gamma", [0.0, 0.3, 1.0])

@@ -290,4 +290,4 @@ def test_cgp_matches_single_process_srpe(store: Path) -> None:
             np.testing.assert_array_equal(got.recomputed, want.recomputed)
             assert max_diff(got.logits, want.logits) < TOL, gamma
             assert max_diff(got.embedding, want.embedding) < TOL, gamma
-            assert got.bytes_by["layer 3 partials"] > 0
+            assert got.traffic is not None and got.traffic.bytes_by["layer 3 partials"] > 0

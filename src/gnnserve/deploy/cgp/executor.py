@@ -26,7 +26,7 @@ from gnnserve.deploy.cgp.service import CGPService
 from gnnserve.engine.executor import BatchSource, ExecutionContext, NewNodeRunner
 from gnnserve.engine.local import LocalExecutor
 from gnnserve.errors import InvalidInputError
-from gnnserve.newnodes.result import NewNodeResult, NewNodeTimings, RunOptions
+from gnnserve.newnodes.result import NewNodeResult, RunOptions
 from gnnserve.types import NewNodes
 
 log = logging.getLogger(__name__)
@@ -80,18 +80,15 @@ class CGPExecutor(LocalExecutor):
     def run_new_nodes(
         self, local: NewNodeRunner, new: NewNodes, mode: str, options: RunOptions
     ) -> NewNodeResult:
-        """SRPE on the CGP workers; other modes with ``local``."""
+        """SRPE on the CGP workers (validated at admission: not checked again); other modes
+        with ``local``."""
         if mode != "srpe" or self.service is None:
             return super().run_new_nodes(local, new, mode, options)
-        out = self.service.run(new, options.gamma, options.policy, options.seed)
+        out = self.service.infer(new, options)
         with self._lock:
             self.requests += 1
-            self.bytes_sent += out.bytes_sent
-        timings = NewNodeTimings(compute_ms=max(out.worker_ms), total_ms=out.total_ms)
-        recomputed = np.asarray(out.recomputed, dtype=np.int64)
-        return NewNodeResult(
-            out.logits, out.embedding, recomputed, out.num_candidates, mode, timings
-        )
+            self.bytes_sent += out.traffic.bytes_sent if out.traffic is not None else 0
+        return out
 
     def warm_up(self) -> dict[str, float]:
         """One one-node SRPE request on the workers (their first collective and forward)."""

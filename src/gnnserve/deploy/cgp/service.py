@@ -18,7 +18,6 @@ import contextlib
 import socket
 import threading
 import time
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -34,34 +33,22 @@ from gnnserve.features.base import FeatureStore
 from gnnserve.graph.base import GraphStore
 from gnnserve.newnodes.parse import check_new_nodes
 from gnnserve.newnodes.policies import DEFAULT_POLICY, importance_scores
-from gnnserve.newnodes.result import check_run_options
+from gnnserve.newnodes.result import (
+    NewNodeResult,
+    NewNodeTimings,
+    RunOptions,
+    Traffic,
+    check_run_options,
+)
 from gnnserve.types import NewNodes
 
 if TYPE_CHECKING:  # the workers import this module: keep torch_geometric out of them
     from gnnserve.models.zoo import GNN
 
-__all__ = ["CGPResult", "CGPService"]
+__all__ = ["CGPService"]
 
 _WorkerActor = ray.remote(num_cpus=0)(CGPWorker)
 _DENSE = "feature rows if dense"  # a plain_by entry for comparison only
-
-
-@dataclass
-class CGPResult:
-    """Predictions for the new nodes of one request, in request order, with traffic counts."""
-
-    logits: torch.Tensor  # float32 [m, C]: layer-k output of every new node
-    embedding: torch.Tensor  # float32 [m, H]: layer-k input of every new node
-    recomputed: np.ndarray  # int64 [s] existing ids whose PEs were recomputed (S), ascending
-    num_candidates: int  # |R|
-    bytes_sent: int  # bytes the workers sent each other (request payload excluded), all workers
-    bytes_by: dict[str, int]  # bytes_sent per step ("candidates", "layer 1 partials", ...)
-    plain_bytes: int  # bytes one worker (0) would fetch to build the same SRPE graph itself
-    plain_by: dict[str, int]  # by kind: feature rows (dense or sparse), PE rows, adjacency;
-    # "feature rows if dense" (float32) for comparison, not part of plain_bytes
-    request_bytes: int  # payload the master sent the workers (features and edge ids)
-    worker_ms: list[float]  # wall time of each worker's part, milliseconds
-    total_ms: float  # wall time of ``run``, milliseconds
 
 
 def _count(value: object, field: str) -> int:
@@ -134,12 +121,20 @@ class CGPService:
 
     def run(
         self, new: NewNodes, gamma: float, policy: str = DEFAULT_POLICY, seed: int = 0
-    ) -> CGPResult:
-        """Logits and embeddings of the new nodes of ``new`` (SRPE with budget ``gamma``)."""
-        start = time.perf_counter()
+    ) -> NewNodeResult:
+        """Logits and embeddings of the new nodes of ``new`` (SRPE with budget ``gamma``), with
+        the workers' traffic (``result.traffic``).
+
+        Checks ``new`` and the options (InvalidInputError naming the field), then :meth:`infer`.
+        """
         new = check_new_nodes(new, self.num_nodes, self.model.config.in_dim)
-        opts = check_run_options(gamma, policy, None, seed, self.num_layers)
-        if opts.policy == "oracle":
+        return self.infer(new, check_run_options(gamma, policy, None, seed, self.num_layers))
+
+    def infer(self, new: NewNodes, options: RunOptions) -> NewNodeResult:
+        """:meth:`run` for input already validated (at admission, ``engine.requests``). The
+        ``oracle`` policy is refused (400 naming ``policy``)."""
+        start = time.perf_counter()
+        if options.policy == "oracle":
             raise InvalidInputError(
                 "oracle policy is not supported by CGP: it needs the exact embeddings of every "
                 "candidate, which CGP never builds",
@@ -147,7 +142,7 @@ class CGPService:
             )
         if not self._workers:
             raise RuntimeError("CGPService is closed (by the caller, or after a worker failed)")
-        spec = RunSpec(opts.gamma, opts.policy, opts.seed)
+        spec = RunSpec(options.gamma, options.policy, options.seed)
         parts = split_request(new, self.num_nodes, self.num_workers)
         with self._lock:
             refs = [w.run.remote(p, spec) for w, p in zip(self._workers, parts, strict=True)]
@@ -169,7 +164,7 @@ class CGPService:
 
     def _assemble(
         self, m: int, outs: list[WorkerOutput], request_bytes: int, start: float
-    ) -> CGPResult:
+    ) -> NewNodeResult:
         logits = torch.empty(m, outs[0].logits.size(1))
         embedding = torch.empty(m, outs[0].embedding.size(1))
         for out in outs:
@@ -177,18 +172,26 @@ class CGPService:
             logits[rows] = out.logits
             embedding[rows] = out.embedding
         plain_by = _sum_counts([o.plain_by for o in outs])
-        return CGPResult(
-            logits=logits,
-            embedding=embedding,
-            recomputed=outs[0].recomputed,
-            num_candidates=outs[0].num_candidates,
+        worker_ms = [o.compute_ms for o in outs]
+        traffic = Traffic(
             bytes_sent=sum(o.bytes_sent for o in outs),
             bytes_by=_sum_counts([o.bytes_by for o in outs]),
             plain_bytes=sum(v for k, v in plain_by.items() if k != _DENSE),
             plain_by=plain_by,
             request_bytes=request_bytes,
-            worker_ms=[o.compute_ms for o in outs],
-            total_ms=(time.perf_counter() - start) * 1e3,
+            worker_ms=worker_ms,
+        )
+        timings = NewNodeTimings(
+            compute_ms=max(worker_ms), total_ms=(time.perf_counter() - start) * 1e3
+        )
+        return NewNodeResult(
+            logits,
+            embedding,
+            np.asarray(outs[0].recomputed, dtype=np.int64),
+            outs[0].num_candidates,
+            "srpe",
+            timings,
+            traffic=traffic,
         )
 
     def close(self) -> None:
