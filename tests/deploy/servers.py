@@ -35,3 +35,12 @@ def update(base: str, ops: list[dict[str, object]]) -> None:
     """POST /v1/graph/updates (asserts 200)."""
     r = httpx.post(f"{base}/v1/graph/updates", json={"ops": ops}, timeout=60)
     assert r.status_code == 200, r.text
+
+
+def metric(base: str, name: str) -> float:
+    """The value of the unlabelled Prometheus sample ``name`` on /metrics (asserts it exists)."""
+    text = httpx.get(f"{base}/metrics", timeout=10).text
+    for line in text.splitlines():
+        if line.startswith(f"{name} "):
+            return float(line.split()[1])
+    raise AssertionError(f"{name} not on /metrics")

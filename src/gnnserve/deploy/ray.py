@@ -10,6 +10,10 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import ray
 
@@ -24,13 +28,30 @@ def start_ray(num_cpus: int) -> bool:
     """
     if ray.is_initialized():
         return False
-    if os.environ.get("RAY_ADDRESS"):
-        ray.init(configure_logging=False)
-        log.info("joined the Ray cluster at %s", os.environ["RAY_ADDRESS"])
-        return True  # our connection: shutting it down leaves the cluster running
-    ray.init(num_cpus=num_cpus, include_dashboard=False, configure_logging=False)
+    with _keep_signal_handlers():
+        if os.environ.get("RAY_ADDRESS"):
+            ray.init(configure_logging=False)
+            log.info("joined the Ray cluster at %s", os.environ["RAY_ADDRESS"])
+            return True  # our connection: shutting it down leaves the cluster running
+        ray.init(num_cpus=num_cpus, include_dashboard=False, configure_logging=False)
     log.info("started a local Ray instance with %d logical CPUs", num_cpus)
     return True
+
+
+@contextmanager
+def _keep_signal_handlers() -> Iterator[None]:
+    """Restore SIGTERM/SIGINT handlers after ``ray.init``: a driver's ``ray.init`` installs its
+    own (exit at once), which would cut the server's graceful shutdown short."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # ray.init installs none off the main thread
+        return
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, handler in saved.items():
+            if handler is not None:
+                signal.signal(sig, handler)
 
 
 def stop_ray(started_here: bool) -> None:

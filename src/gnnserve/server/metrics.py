@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily, Metric
 
 from gnnserve.engine.batcher import Batch
 
@@ -41,6 +44,11 @@ class ServerMetrics:
         )
         self.errors = Counter("gnnserve_errors_total", "Errors by kind", ["kind"], registry=r)
 
+    def watch_executor(self, describe: Callable[[], dict[str, object]]) -> None:
+        """Export the engine executor's ``describe()`` on every scrape: ``gnnserve_deploy_info``
+        (the mode) and one ``gnnserve_deploy_<key>`` gauge per numeric entry."""
+        self.registry.register(_ExecutorCollector(describe))
+
     def observe_batch(self, batch: Batch) -> None:
         """Engine observer: record stage times and the batch size."""
         for stage, ms in batch.stage_ms.items():
@@ -51,3 +59,19 @@ class ServerMetrics:
     def render(self) -> bytes:
         """The exposition text."""
         return generate_latest(self.registry)
+
+
+class _ExecutorCollector:
+    """Collects what the executor reports about itself at scrape time."""
+
+    def __init__(self, describe: Callable[[], dict[str, object]]) -> None:
+        self._about = describe  # not ``describe``: the registry would take it for its own hook
+
+    def collect(self) -> Iterator[Metric]:
+        about = self._about()
+        yield InfoMetricFamily(
+            "gnnserve_deploy", "How admitted work runs", value={"mode": str(about.get("deploy"))}
+        )
+        for key, value in about.items():
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                yield GaugeMetricFamily(f"gnnserve_deploy_{key}", f"executor: {key}", value=value)

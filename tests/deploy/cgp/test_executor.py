@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from gnnserve.cli import main
-from tests.deploy.servers import predict, served
+from tests.deploy.servers import metric, predict, served
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 
@@ -35,8 +35,11 @@ def test_cgp_answers_equal_local(pe_store: Path, small_ckpt: Path) -> None:
         served(pe_store, small_ckpt, *common, "--deploy", "cgp", "--deploy-workers", "2") as cgp,
     ):
         srpe = {"new_nodes": NEW_NODES}
+        assert metric(cgp, "gnnserve_deploy_cgp_requests") == 0
         want, got = _logits_like(local, srpe), _logits_like(cgp, srpe)
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+        assert metric(cgp, "gnnserve_deploy_cgp_requests") == 1  # the workers answered it
+        assert metric(cgp, "gnnserve_deploy_cgp_bytes_sent") > 0
         body = predict(cgp, {**srpe, "output": "probs"})
         assert body["mode"] == "srpe" and body["num_candidates"] > 0
         assert body["recomputed"] == predict(local, srpe)["recomputed"]
@@ -45,6 +48,7 @@ def test_cgp_answers_equal_local(pe_store: Path, small_ckpt: Path) -> None:
         np.testing.assert_array_equal(_logits_like(cgp, full), _logits_like(local, full))
         nodes = {"nodes": [5, 6, 7], "fanouts": [-1, -1]}
         np.testing.assert_array_equal(_logits_like(cgp, nodes), _logits_like(local, nodes))
+        assert metric(cgp, "gnnserve_deploy_cgp_requests") == 2  # the srpe requests only
 
 
 def test_cgp_refuses_a_changing_graph(

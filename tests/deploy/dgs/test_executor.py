@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.deploy.servers import predict, served, update
+from tests.deploy.servers import metric, predict, served, update
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 
@@ -36,6 +36,7 @@ def test_dgs_answers_equal_local_presample_before_and_after_updates(
         served(small_store, small_ckpt, *dgs_flags) as dgs,
     ):
         np.testing.assert_array_equal(_probs(dgs, NODES), _probs(local, NODES))
+        assert metric(dgs, "gnnserve_deploy_dgs_batches") >= 1  # sampled by the DGS workers
         # edges into the requested nodes change their reservoirs on both sides
         ops: list[dict[str, object]] = [{"op": "add_edge", "src": s, "dst": 7} for s in (1, 2, 3)]
         ops += [{"op": "add_edge", "src": 9, "dst": 123}]
@@ -43,7 +44,9 @@ def test_dgs_answers_equal_local_presample_before_and_after_updates(
             update(base, ops)
         np.testing.assert_array_equal(_probs(dgs, NODES), _probs(local, NODES))
         # other fanouts sample locally: a valid answer of the right shape
+        before = metric(dgs, "gnnserve_deploy_dgs_batches")
         got = _probs(dgs, NODES, fanouts=[2, 2])
+        assert metric(dgs, "gnnserve_deploy_dgs_batches") == before
         assert got.shape == (len(NODES), 4) and np.allclose(got.sum(axis=1), 1.0, atol=1e-5)
         # an added node: DGS holds a fixed vertex set, batches sample locally (on demand, this
         # server has no pre-sampler) from then on: valid answers, the new node included
