@@ -23,7 +23,6 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gnnserve.engine.engine import Engine
 from gnnserve.errors import GnnServeError, InvalidInputError, UnknownModelError
-from gnnserve.newnodes.service import NewNodePrediction
 from gnnserve.server import oip
 from gnnserve.server.auth import ApiKeys, RequireApiKey
 from gnnserve.server.counting import CountRequests, RequestCounts
@@ -37,7 +36,7 @@ from gnnserve.server.schemas import (
     UpdatesResponse,
 )
 from gnnserve.server.shedding import SheddingMiddleware
-from gnnserve.types import InferenceResult
+from gnnserve.types import Result
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +61,7 @@ def _validation_error(exc: RequestValidationError) -> InvalidInputError:
     return InvalidInputError(f"{field}: {msg}", field)
 
 
-def result_json(model: str, result: InferenceResult) -> dict[str, Any]:
+def result_json(model: str, result: Result) -> dict[str, Any]:
     """The /v1/predict answer for one engine result (plus the new-node fields for those)."""
     body: dict[str, Any] = {
         "model": model,
@@ -73,52 +72,42 @@ def result_json(model: str, result: InferenceResult) -> dict[str, Any]:
         "predictions": result.values.tolist(),
         "timings": result.timings.as_dict(),
     }
-    if isinstance(result, NewNodePrediction):
+    if result.new_nodes is not None:
         body.update(new_node_fields(result))
     return body
 
 
-def new_node_fields(result: NewNodePrediction) -> dict[str, Any]:
+def new_node_fields(result: Result) -> dict[str, Any]:
     """What a new-node answer reports beyond the predictions."""
+    info = result.new_nodes
+    assert info is not None
     return {
-        "new_nodes": result.new_nodes,
-        "mode": result.mode,
-        "gamma": result.gamma,
-        "policy": result.policy,
-        "num_candidates": result.num_candidates,
-        "recomputed": result.recomputed,
+        "new_nodes": int(result.nodes.size),
+        "mode": info.mode,
+        "gamma": info.gamma,
+        "policy": info.policy,
+        "num_candidates": info.num_candidates,
+        "recomputed": int(info.recomputed.size),
     }
 
 
-_NEW_NODE_ONLY = ("mode", "gamma", "policy", "seed")
-
-
-async def _predict(engine: Engine, body: PredictRequest) -> InferenceResult:
+async def _predict(engine: Engine, body: PredictRequest) -> Result:
     """Run a /v1/predict body: existing nodes, or new nodes (exactly one of them)."""
-    if (body.nodes is None) == (body.new_nodes is None):
-        both = body.nodes is not None
-        raise InvalidInputError(
-            "give exactly one of `nodes` (existing node ids) and `new_nodes` (features and "
-            f"edges of new nodes), {'not both' if both else 'got neither'}",
-            "new_nodes" if both else "nodes",
-        )
-    if body.new_nodes is None:
-        for name in _NEW_NODE_ONLY:
-            if getattr(body, name) is not None:
-                raise InvalidInputError(f"{name} applies to new_nodes requests only", name)
-        return await engine.apredict(body.nodes, body.output, body.fanouts)
-    new = body.new_nodes
-    return await engine.apredict_new_nodes(
-        new.features,
-        new.edges,
-        new.new_edges,
-        body.output,
+    new = None
+    if body.new_nodes is not None:
+        n = body.new_nodes
+        new = {"features": n.features, "edges": n.edges, "new_edges": n.new_edges}
+    request = engine.request(
+        body.nodes,
+        new,
+        output=body.output,
+        fanouts=body.fanouts,
         mode=body.mode,
         gamma=body.gamma,
         policy=body.policy,
-        fanouts=body.fanouts,
-        seed=0 if body.seed is None else body.seed,
+        seed=body.seed,
     )
+    return await engine.asubmit(request)
 
 
 def _limit_and_guard(
