@@ -14,7 +14,7 @@ from gnnserve.engine.admission import Admission, request_timeout
 from gnnserve.engine.delay import Backlog, Calibration, Prediction, ServiceModel, fit_line
 from gnnserve.engine.loader import build_engine
 from gnnserve.errors import DeadlineExceededError, InvalidInputError, OverloadedError
-from gnnserve.types import Request
+from gnnserve.types import Request, RequestOptions
 
 
 def test_fit_equals_weighted_least_squares_and_recovers_a_line() -> None:
@@ -183,6 +183,21 @@ def test_request_timeout_sets_a_deadline_and_refuses_late_answers() -> None:
         admission.admit(_request(8))  # ~30 ms predicted, 15 ms allowed
     with pytest.raises(InvalidInputError, match="X-Timeout-Ms"), request_timeout(0):
         pass
+
+
+def test_the_timeout_ms_option_sets_the_deadline() -> None:
+    admission = Admission(AdmissionConfig(timeout_s=2.0, max_queue_delay_ms=None))
+
+    def admit(timeout_ms: float):  # type: ignore[no-untyped-def]
+        return admission.admit(Request(np.arange(2), options=RequestOptions(timeout_ms=timeout_ms)))
+
+    fast, slow = admit(250.0), admit(60_000.0)
+    assert fast.deadline_s == pytest.approx(fast.arrival_s + 0.25, abs=1e-9)
+    assert slow.deadline_s == pytest.approx(slow.arrival_s + 2.0, abs=1e-9)  # the server's bound
+    before = time.perf_counter()
+    with request_timeout(100):  # the header's deadline, earlier still
+        both = admit(250.0)
+    assert before + 0.1 <= both.deadline_s <= both.arrival_s + 0.1
 
 
 def test_calibration_margin_is_the_quantile_of_recent_lateness() -> None:
