@@ -189,6 +189,7 @@ def test_bad_input_is_rejected_with_a_message_and_changes_nothing() -> None:
             (lambda: svc.apply_events([0], [0], [1], version=5), "version"),
             (lambda: DGSService(g.indptr, g.indices, [3], n_sampling=0), "n_sampling"),
             (lambda: DGSService(g.indptr, g.indices, [0]), "fanouts"),
+            (lambda: DGSService(g.indptr, g.indices, [3, -1]), "fanouts"),  # no "all" reservoir
         ]
         for call, field in bad_calls:
             with pytest.raises(InvalidInputError) as err:

@@ -82,7 +82,7 @@ class DGSService:
         query_vertices: np.ndarray | None = None,
         num_cpus: int | None = None,
     ) -> None:
-        self.fanouts = check_fanouts(fanouts)
+        self.fanouts = check_fanouts(fanouts, allow_all=False)  # a reservoir holds no "all"
         queries = list(dict.fromkeys(self.fanouts))
         self.hop_query = np.array([queries.index(f) for f in self.fanouts], dtype=np.int64)
         self._fans = np.array(queries, dtype=np.int64)
