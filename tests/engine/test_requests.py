@@ -1,6 +1,7 @@
 """engine.requests.validate_request: the one validation entry. Every field's error names that
 field, one Request type carries both kinds of request (options normalised, the server's new-node
-defaults filled in), and a Request built by hand is validated by Engine.submit."""
+defaults filled in), a Request built by hand is validated by Engine.submit, and admitted ids are
+not checked again down the pipeline."""
 
 from __future__ import annotations
 
@@ -11,10 +12,14 @@ import pytest
 import torch
 
 from gnnserve.config import EmbeddingsConfig, ServeConfig
+from gnnserve.data import validate
 from gnnserve.engine.loader import build_engine
 from gnnserve.engine.requests import MAX_TIMEOUT_MS, RequestLimits, validate_request
 from gnnserve.errors import InvalidInputError, TooManyNodesError
+from gnnserve.features import base as features_base
+from gnnserve.graph import base as graph_base
 from gnnserve.graph import open_graph_store
+from gnnserve.sampling import presample
 from gnnserve.types import NewNodes, OutputKind, Request, RequestOptions, Result
 
 N, F = 2000, 16  # the small store: nodes, feature width (2-layer model)
@@ -178,3 +183,19 @@ def test_a_request_built_by_hand_is_validated_at_submit(engine, reference) -> No
     by_hand = Request(nodes=np.array([4, 9]), options=RequestOptions(OutputKind.PROBS))
     got = engine.submit(by_hand).result(60)
     torch.testing.assert_close(got.values, torch.softmax(reference[0][[4, 9]], 1))
+
+
+def test_admitted_ids_are_checked_once(engine, monkeypatch) -> None:
+    """Validated at admission, a request's ids are not checked again by the sampler or the
+    feature store on its way through the pipeline."""
+    checked: list[str] = []
+    real = validate.check_node_ids
+
+    def counting(ids: object, num_nodes: int, field: str) -> np.ndarray:
+        checked.append(field)
+        return real(ids, num_nodes, field)
+
+    for module in (graph_base, features_base, presample):
+        monkeypatch.setattr(module, "check_node_ids", counting)
+    assert engine.predict([4, 9, 4]).values.shape == (3,)
+    assert checked == ["nodes"]

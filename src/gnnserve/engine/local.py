@@ -55,8 +55,9 @@ class LocalExecutor(Executor):
         self._threads = []
 
     def sample(self, batch: Batch) -> SampledSubgraph:
-        """The computation graph of ``batch`` (subclasses route it elsewhere)."""
-        return self.context.planner.sampler_for(batch.fanouts).sample(batch.seeds)
+        """The computation graph of ``batch`` (subclasses route it elsewhere). Its seeds were
+        validated at admission: not checked again."""
+        return self.context.planner.sampler_for(batch.fanouts).sample_valid(batch.seeds)
 
     # stages --------------------------------------------------------------------------------
     def _sample_loop(self, outbox: queue.Queue[object]) -> None:
@@ -91,7 +92,7 @@ class LocalExecutor(Executor):
         try:
             drop_expired(batch)  # 504 for requests past their deadline; none left: skip
             ids = batch.subgraph.input_nodes
-            x = self.context.features.get(ids)
+            x = self.context.features.get_valid(ids)  # sampled from the graph: valid ids
             in_degree = torch.from_numpy(graph.gcn_degree(ids))  # full-graph, for GCN
         finally:
             graph.release_read()

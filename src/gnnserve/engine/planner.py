@@ -28,7 +28,11 @@ _MAX_SAMPLERS = 16  # distinct per-request fanout tuples kept warm
 class Sampler(Protocol):
     """Anything that turns seeds into a SampledSubgraph."""
 
-    def sample(self, seeds: np.ndarray) -> SampledSubgraph: ...
+    def sample(self, seeds: np.ndarray) -> SampledSubgraph:
+        """The computation graph of ``seeds`` (checked)."""
+
+    def sample_valid(self, seeds: np.ndarray) -> SampledSubgraph:
+        """The same for seeds validated at admission (not checked again)."""
 
 
 class Planner:

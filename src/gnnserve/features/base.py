@@ -32,8 +32,14 @@ class FeatureStore(abc.ABC):
         """float32 [len(ids), F] rows for valid, int64 ``ids``."""
 
     def get(self, ids: np.ndarray) -> torch.Tensor:
-        """Feature rows of ``ids`` as a float32 tensor [len(ids), F]."""
+        """Feature rows of ``ids`` as a float32 tensor [len(ids), F]; InvalidInputError naming
+        ``ids`` unless they are ids of this store."""
         return self._read(check_node_ids(ids, self.num_nodes, "ids"))
+
+    def get_valid(self, ids: np.ndarray) -> torch.Tensor:
+        """:meth:`get` for int64 ids already known valid (the nodes of a sampled computation
+        graph, on the request path), without checking them again."""
+        return self._read(ids)
 
 
 FEATURE_STORES: Registry[FeatureStore] = Registry("feature_store")

@@ -205,7 +205,7 @@ class NewNodeInference:
         rest = nodes[m:]
         if np.any(rest >= self.num_nodes):
             raise AssertionError("queries must lead the input nodes")
-        return torch.cat([new.features, self.features.get(rest)])
+        return torch.cat([new.features, self.features.get_valid(rest)])  # planned: valid ids
 
     def _dev(self, t: torch.Tensor) -> torch.Tensor:
         return t if t.device == self.device else t.to(self.device)

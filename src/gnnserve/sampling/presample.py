@@ -275,11 +275,17 @@ class PreSampler:
         """The k-hop sample of ``seeds`` (int64 ids, duplicates allowed) by reservoir look-ups.
 
         Same blocks as ``NeighborSampler.sample``: every hop draws for all nodes reached so far,
-        local ids shared across blocks, blocks input layer first.
+        local ids shared across blocks, blocks input layer first. Checks ``seeds``
+        (InvalidInputError naming them), then :meth:`sample_valid`.
         """
         seeds = check_node_ids(seeds, self._n, "seeds")
         if seeds.size == 0:
             raise InvalidInputError("seeds must not be empty", "seeds")
+        return self.sample_valid(seeds)
+
+    def sample_valid(self, seeds: np.ndarray) -> SampledSubgraph:
+        """:meth:`sample` for seeds already validated (int64 ids of this graph, at least one:
+        a batch of admitted requests), without checking them again."""
         local_id = self._borrow_map()
         res = self._res
         try:

@@ -82,11 +82,17 @@ class NeighborSampler:
         """Sample the computation graph of ``seeds`` (int64 ids, duplicates allowed).
 
         ``rng_seed`` fixes the draws (same seed -> same sample); by default each call draws anew
-        from a stream determined by the sampler's seed.
+        from a stream determined by the sampler's seed. Checks ``seeds`` (InvalidInputError
+        naming them), then :meth:`sample_valid`.
         """
         seeds = self.graph.check_nodes(seeds, "seeds")
         if seeds.size == 0:
             raise InvalidInputError("seeds must not be empty", "seeds")
+        return self.sample_valid(seeds, rng_seed)
+
+    def sample_valid(self, seeds: np.ndarray, rng_seed: int | None = None) -> SampledSubgraph:
+        """:meth:`sample` for seeds already validated (int64 ids of this graph, at least one:
+        a batch of admitted requests), without checking them again."""
         key = self._next_seed() if rng_seed is None else np.uint64(rng_seed & (2**64 - 1))
         local_id = self._borrow_map()
         if self.expected_size(seeds) < self.parallel_threshold:
