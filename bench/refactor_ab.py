@@ -24,14 +24,12 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import httpx  # noqa: E402
 
 from common import (  # noqa: E402
     RESULTS,
@@ -44,7 +42,7 @@ from common import (  # noqa: E402
     write_results,
 )
 from gnnserve import loadgen  # noqa: E402
-from gnnserve.demo import free_port  # noqa: E402
+from gnnserve.demo import free_port, wait_ready  # noqa: E402
 
 
 def _args() -> Any:
@@ -82,7 +80,7 @@ def serving_round(tree: Path, store: Path, ckpt: Path, n: int, seed: int) -> dic
     proc = subprocess.Popen(cmd, env=_env(tree), stdout=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:
-        _wait(url, proc)
+        wait_ready(url, proc, timeout_s=600)
         predict = f"{url}/v1/predict"
         rng = np.random.default_rng(seed)
         asyncio.run(loadgen.closed_loop(predict, [{"nodes": [i]} for i in range(300)], 8))
@@ -99,19 +97,6 @@ def serving_round(tree: Path, store: Path, ckpt: Path, n: int, seed: int) -> dic
         "serve closed-loop req/s": closed["throughput_rps"],
         "serve p99 ms @200/s": open_["p99_ms"],
     }
-
-
-def _wait(url: str, proc: subprocess.Popen[bytes]) -> None:
-    for _ in range(3000):
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}")
-        try:
-            if httpx.get(f"{url}/v2/health/ready", timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise RuntimeError("server not ready")
 
 
 def main() -> None:

@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from gnnserve.features.base import FeatureStore
     from gnnserve.graph.base import GraphStore
     from gnnserve.models.runner import ModelRunner
+    from gnnserve.newnodes.inference import NewNodeInference
     from gnnserve.newnodes.result import NewNodeResult, RunOptions
     from gnnserve.types import NewNodes
 
@@ -54,13 +55,6 @@ class BatchSource(Protocol):
 
     def finished(self, batch: Batch) -> None:
         """``batch`` left the executor (answered or failed): trains the service-time model."""
-
-
-class NewNodeRunner(Protocol):
-    """The single-process new-node inference (``gnnserve.newnodes.inference``)."""
-
-    def infer(self, new: NewNodes, mode: str, options: RunOptions) -> NewNodeResult:
-        """Logits and embeddings of the new nodes of ``new`` (validated at admission)."""
 
 
 @dataclass
@@ -98,7 +92,7 @@ class Executor(ABC):
         return {}
 
     def run_new_nodes(
-        self, local: NewNodeRunner, new: NewNodes, mode: str, options: RunOptions
+        self, local: NewNodeInference, new: NewNodes, mode: str, options: RunOptions
     ) -> NewNodeResult:
         """Answer one new-node request, validated at admission (``mode`` and ``options``
         resolved: no check is repeated); default: ``local`` (the single-process inference)."""

@@ -23,9 +23,10 @@ import numpy as np
 import torch
 
 from gnnserve.deploy.cgp.service import CGPService
-from gnnserve.engine.executor import BatchSource, ExecutionContext, NewNodeRunner
+from gnnserve.engine.executor import BatchSource, ExecutionContext
 from gnnserve.engine.local import LocalExecutor
 from gnnserve.errors import InvalidInputError
+from gnnserve.newnodes.inference import NewNodeInference
 from gnnserve.newnodes.result import NewNodeResult, RunOptions
 from gnnserve.types import NewNodes
 
@@ -78,7 +79,7 @@ class CGPExecutor(LocalExecutor):
             service.close()
 
     def run_new_nodes(
-        self, local: NewNodeRunner, new: NewNodes, mode: str, options: RunOptions
+        self, local: NewNodeInference, new: NewNodes, mode: str, options: RunOptions
     ) -> NewNodeResult:
         """SRPE on the CGP workers (validated at admission: not checked again); other modes
         with ``local``."""
