@@ -1,0 +1,194 @@
+"""Blob stores: named byte objects under one root, read whole or by byte ranges.
+
+A prepared store (``indptr.bin``, ``indices.bin``, ``features.bin``, ``meta.json``) published to a
+blob store is read without downloading it: the remote graph and feature backends ask for exactly
+the byte ranges a request needs. Backends are chosen by the URL scheme from :data:`BLOB_STORES`:
+``file`` (a local directory, the embedded default) and ``s3`` (an S3-compatible object store,
+read with obstore). Both serve the same calls, so one code path reads both.
+
+``get_ranges`` fetches exactly the ranges it is given, concurrently where the backend can, one
+request per range; callers merge adjacent ranges first with :func:`coalesce` (object stores'
+own coalescing merges ranges up to 1 MiB apart, which would make bytes read grow with the graph
+instead of the request). Every backend counts its requests and bytes in :attr:`BlobStore.stats`.
+"""
+
+from __future__ import annotations
+
+import abc
+import os
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from gnnserve.errors import InvalidInputError, StoreFormatError
+from gnnserve.registry import Registry
+from gnnserve.urls import resolve
+
+__all__ = ["BLOB_STORES", "BlobStore", "FetchStats", "LocalBlobStore", "coalesce", "open_blobs"]
+
+
+@dataclass
+class FetchStats:
+    """Requests issued and bytes read by a blob store since it was opened (thread-safe adds)."""
+
+    requests: int = 0  # range or whole-object GETs
+    bytes_read: int = 0  # payload bytes received
+
+    def __post_init__(self) -> None:
+        self._lock = threading.Lock()
+
+    def add(self, requests: int, nbytes: int) -> None:
+        """Count ``requests`` GETs that returned ``nbytes`` bytes in all."""
+        with self._lock:
+            self.requests += requests
+            self.bytes_read += nbytes
+
+
+class BlobStore(abc.ABC):
+    """Named objects under one root URL; subclasses implement the ``_`` methods."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url  # the root this store reads, as given
+        self.stats = FetchStats()
+
+    @abc.abstractmethod
+    def size(self, name: str) -> int:
+        """Length of object ``name`` in bytes; StoreFormatError naming it when it is missing."""
+
+    @abc.abstractmethod
+    def _get(self, name: str) -> bytes:
+        """The whole object."""
+
+    @abc.abstractmethod
+    def _get_ranges(self, name: str, starts: list[int], ends: list[int]) -> list[bytes]:
+        """The bytes ``[starts[i], ends[i])`` of ``name``, one request per range."""
+
+    @abc.abstractmethod
+    def put(self, name: str, data: bytes | memoryview) -> None:
+        """Write object ``name`` (replacing it)."""
+
+    @abc.abstractmethod
+    def names(self) -> list[str]:
+        """Names of the objects under the root, sorted."""
+
+    def put_file(self, name: str, path: Path) -> None:
+        """Upload local file ``path`` as object ``name`` (backends may stream it)."""
+        self.put(name, path.read_bytes())
+
+    def get(self, name: str) -> bytes:
+        """Object ``name`` whole (one request, counted)."""
+        data = self._get(name)
+        self.stats.add(1, len(data))
+        return data
+
+    def get_ranges(
+        self, name: str, starts: Sequence[int] | np.ndarray, ends: Sequence[int] | np.ndarray
+    ) -> list[bytes]:
+        """Bytes ``[starts[i], ends[i])`` of ``name`` for every i, exactly those ranges (one
+        request each, issued concurrently where the backend can). Empty ranges are allowed."""
+        lo = np.asarray(starts, dtype=np.int64).ravel()
+        hi = np.asarray(ends, dtype=np.int64).ravel()
+        if lo.shape != hi.shape or bool(np.any(lo < 0)) or bool(np.any(hi < lo)):
+            raise InvalidInputError(
+                f"byte ranges of {name!r} need 0 <= start <= end, as many starts as ends", "ranges"
+            )
+        if lo.size == 0:
+            return []
+        parts = self._get_ranges(name, lo.tolist(), hi.tolist())
+        self.stats.add(len(parts), sum(len(p) for p in parts))
+        return parts
+
+
+BLOB_STORES: Registry[BlobStore] = Registry("blob_store")
+
+
+@BLOB_STORES.register("file")
+class LocalBlobStore(BlobStore):
+    """Objects as files in a local directory, read with ``os.pread`` (the embedded default)."""
+
+    def __init__(self, url: str, root: Path) -> None:
+        super().__init__(url)
+        self.root = root
+
+    def _path(self, name: str) -> Path:
+        if not name or name.startswith("/") or ".." in Path(name).parts:
+            raise InvalidInputError(f"bad object name {name!r}", "name")
+        return self.root / name
+
+    def size(self, name: str) -> int:
+        try:
+            return self._path(name).stat().st_size
+        except FileNotFoundError:
+            raise StoreFormatError(f"{self.url}: object {name!r} not found", "remote") from None
+
+    def _get(self, name: str) -> bytes:
+        self.size(name)
+        return self._path(name).read_bytes()
+
+    def _get_ranges(self, name: str, starts: list[int], ends: list[int]) -> list[bytes]:
+        size = self.size(name)
+        if ends and max(ends) > size:
+            raise StoreFormatError(
+                f"{self.url}: range end {max(ends)} past the end of {name!r} ({size} bytes)",
+                "remote",
+            )
+        fd = os.open(self._path(name), os.O_RDONLY)
+        try:
+            return [os.pread(fd, hi - lo, lo) for lo, hi in zip(starts, ends, strict=True)]
+        finally:
+            os.close(fd)
+
+    def put(self, name: str, data: bytes | memoryview) -> None:
+        path = self._path(name)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".part")
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+
+    def names(self) -> list[str]:
+        if not self.root.is_dir():
+            return []
+        return sorted(str(p.relative_to(self.root)) for p in self.root.rglob("*") if p.is_file())
+
+
+def coalesce(
+    starts: np.ndarray, ends: np.ndarray, gap: int = 0
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Merge byte ranges that overlap or lie at most ``gap`` bytes apart.
+
+    Returns (merged_starts, merged_ends, group): ``group[i]`` is the merged range that holds
+    input range i, so range i is ``merged[group[i]][starts[i] - merged_starts[group[i]] : ...]``.
+    Inputs need not be sorted. Vectorised: O(n log n) for the sort.
+    """
+    lo = np.asarray(starts, dtype=np.int64)
+    hi = np.asarray(ends, dtype=np.int64)
+    if lo.size == 0:
+        empty = np.empty(0, dtype=np.int64)
+        return empty, empty, empty
+    order = np.argsort(lo, kind="stable")
+    s, e = lo[order], hi[order]
+    reach = np.maximum.accumulate(e)  # furthest end covered so far
+    new_group = np.empty(s.size, dtype=bool)
+    new_group[0] = True
+    new_group[1:] = s[1:] > reach[:-1] + gap
+    group_sorted = np.cumsum(new_group) - 1
+    first = np.flatnonzero(new_group)
+    merged_starts = s[first]
+    merged_ends = np.maximum.reduceat(e, first)
+    group = np.empty(lo.size, dtype=np.int64)
+    group[order] = group_sorted
+    return merged_starts, merged_ends, group
+
+
+def open_blobs(url: str, options: Mapping[str, str] | None = None) -> BlobStore:
+    """The blob store at ``url``: a local directory (path or ``file://``) or ``s3://bucket/prefix``.
+
+    ``options``: backend settings (for s3: endpoint, credentials; default from the environment).
+    """
+    location = resolve(url, "remote")
+    if location.scheme == "file":
+        return BLOB_STORES.create("file", str(url), location.path)
+    return BLOB_STORES.create(location.scheme, str(url), location, options)
