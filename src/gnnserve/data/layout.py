@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gnnserve.data.meta import read_meta_file
+from gnnserve.data.meta import parse_meta_text, read_meta_file
 from gnnserve.errors import StoreFormatError
 from gnnserve.urls import local_path
 
@@ -63,10 +63,22 @@ def read_meta(store_dir: str | Path) -> StoreMeta:
         missing=f"{root} is not a gnnserve store: {META} missing",
         default_version=FORMAT_VERSION,
     )
+    return _store_meta(doc, str(path))
+
+
+def parse_meta(text: str, where: str) -> StoreMeta:
+    """A store's ``meta.json`` from its text, read from ``where`` (a URL: remote stores)."""
+    doc = parse_meta_text(
+        text, where, "store", version=FORMAT_VERSION, default_version=FORMAT_VERSION
+    )
+    return _store_meta(doc, where)
+
+
+def _store_meta(doc: dict, where: str) -> StoreMeta:  # type: ignore[type-arg]
     try:
         return StoreMeta(**doc)
     except TypeError as exc:
-        raise StoreFormatError(f"{path} is malformed: {exc}", "store") from exc
+        raise StoreFormatError(f"{where} is malformed: {exc}", "store") from exc
 
 
 def data_files(store_dir: str | Path, meta: StoreMeta) -> list[Path]:

@@ -35,17 +35,44 @@ def read_meta_file(
     if not path.is_file():
         raise StoreFormatError(missing, field)
     try:
-        doc = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
         raise StoreFormatError(f"{path} is unreadable: {exc}", field) from exc
+    return parse_meta_text(
+        text,
+        str(path),
+        field,
+        version=version,
+        format_name=format_name,
+        kind=kind,
+        default_version=default_version,
+    )
+
+
+def parse_meta_text(
+    text: str,
+    where: str,
+    field: str,
+    *,
+    version: int,
+    format_name: str | None = None,
+    kind: str = "meta file",
+    default_version: int | None = None,
+) -> dict[str, Any]:
+    """The checks of :func:`read_meta_file` on the file's text (read from ``where``, a path or
+    URL the messages name): for meta files that do not live on the local disk."""
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise StoreFormatError(f"{where} is unreadable: {exc}", field) from exc
     if not isinstance(doc, dict):
         what = f"a {format_name} {kind}" if format_name else "a JSON object"
-        raise StoreFormatError(f"{path} is not {what}", field)
+        raise StoreFormatError(f"{where} is not {what}", field)
     if format_name is not None and doc.get("format") != format_name:
-        raise StoreFormatError(f"{path} is not a {format_name} {kind}", field)
+        raise StoreFormatError(f"{where} is not a {format_name} {kind}", field)
     found = doc.get("format_version", default_version)
     if isinstance(found, bool) or found != version:
         raise StoreFormatError(
-            f"{path}: format version {found!r}, this gnnserve reads {version}", field
+            f"{where}: format version {found!r}, this gnnserve reads {version}", field
         )
     return doc

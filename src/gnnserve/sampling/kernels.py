@@ -88,6 +88,19 @@ def draw_parallel(row_start, degree, indices, frontier, offsets, seed, hop, edge
 
 
 @numba.njit(nogil=True, cache=True)
+def draw_fetched(row_start, degree, indices, frontier, offsets, seed, hop, edges):  # type: ignore[no-untyped-def]
+    """``draw_serial`` over a fetched adjacency: frontier node i's neighbours are
+    ``indices[row_start[i] : row_start[i] + degree[i]]`` (rows by position, not by node id) while
+    the draws are keyed by its global id ``frontier[i]``: identical output to ``draw_serial`` on
+    the whole graph (on-demand sampling of a remote store)."""
+    for i in range(frontier.shape[0]):
+        k = offsets[i + 1] - offsets[i]
+        if k:
+            key = row_key(seed, hop, frontier[i])
+            _draw_row(row_start, degree, indices, i, k, key, edges, offsets[i], i)
+
+
+@numba.njit(nogil=True, cache=True)
 def relabel(edges: np.ndarray, nodes: np.ndarray, n_nodes: int, local_id: np.ndarray) -> int:
     """Replace global ids in ``edges[0]`` by local ids, appending unseen nodes to ``nodes``.
 

@@ -31,6 +31,12 @@ def to_subgraph(assembled: tuple, hops: int) -> SampledSubgraph:  # type: ignore
     return SampledSubgraph(nodes, blocks, int(num_seeds), seed_rows)
 
 
+def call_key(seed: int, call: int) -> np.uint64:
+    """The draw key of a sampler's ``call``-th sample: a distinct, reproducible stream per call
+    (sampler seed x call counter)."""
+    return np.uint64((seed * 0x9E3779B1 + call * 0x85EBCA77) & 0xFFFFFFFFFFFFFFFF)
+
+
 class NeighborSampler:
     """Uniform k-hop sampling without replacement over a GraphStore.
 
@@ -75,8 +81,7 @@ class NeighborSampler:
         with self._lock:
             self._calls += 1
             call = self._calls
-        # distinct, reproducible stream per call: sampler seed x call counter
-        return np.uint64((self.seed * 0x9E3779B1 + call * 0x85EBCA77) & 0xFFFFFFFFFFFFFFFF)
+        return call_key(self.seed, call)
 
     def sample(self, seeds: np.ndarray, rng_seed: int | None = None) -> SampledSubgraph:
         """Sample the computation graph of ``seeds`` (int64 ids, duplicates allowed).
