@@ -56,6 +56,14 @@ SERVE_FLAGS: tuple[tuple[str, str], ...] = (
     ("--deploy", "deploy.mode"),
     ("--deploy-workers", "deploy.workers"),
     ("--deploy-threads", "deploy.threads_per_worker"),
+    ("--remote", "deploy.remote"),
+    ("--memory-mb", "deploy.memory_mb"),
+    ("--sample-memory-mb", "deploy.sample_memory_mb"),
+    ("--keep-alive-s", "deploy.keep_alive_s"),
+    ("--scheduler", "deploy.scheduler"),
+    ("--fetch", "deploy.fetch"),
+    ("--no-cache", "deploy.cache"),
+    ("--max-instances", "deploy.max_instances"),
 )
 
 

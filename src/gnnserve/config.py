@@ -166,6 +166,7 @@ class DeployConfig(_Strict):
     existing-node batches sample from DGS serving workers (Ray actors) that keep the reservoirs
     of ``sampler.fanouts`` current; other fanouts sample locally. ``cgp``: new-node SRPE requests
     run on ``workers`` Ray actors with computation graph parallelism (OMEGA); the rest locally.
+    ``faas``: serverless function instances (FaaS-GNN) read the store at ``remote`` on demand.
     """
 
     mode: str = Field(
@@ -177,6 +178,20 @@ class DeployConfig(_Strict):
     )
     threads_per_worker: int = Field(1, ge=1, le=64, description="torch threads per worker (cgp)")
     timeout_s: float = Field(120.0, gt=0)  # start-up and per-request bound on the workers
+    remote: str = Field(
+        "", description="faas: URL of the published store (s3://bucket/prefix or file:///dir)"
+    )
+    memory_mb: int = Field(
+        0, ge=0, le=1 << 20, description="faas: inference instance capacity in MB (0: no limit)"
+    )
+    sample_memory_mb: int = Field(
+        0, ge=0, le=1 << 20, description="faas: sample instance capacity in MB (0: no limit)"
+    )
+    keep_alive_s: float = Field(600.0, gt=0, description="faas: idle seconds before scale-down")
+    scheduler: str = Field("load_aware", description="faas: load_aware | naive")
+    fetch: str = Field("ondemand", description="faas: ondemand | full (download at cold start)")
+    cache: bool = Field(True, description="faas: adaptive feature cache in inference instances")
+    max_instances: int | None = Field(None, ge=1, le=1024, description="faas: per function")
 
 
 class ServeConfig(_Strict):
