@@ -182,6 +182,14 @@ SERVE_FLAG_VALUES = [
     ("--deploy", "dgs", "deploy.mode", "dgs"),
     ("--deploy-workers", "3", "deploy.workers", 3),
     ("--deploy-threads", "4", "deploy.threads_per_worker", 4),
+    ("--remote", "s3://b/p", "deploy.remote", "s3://b/p"),
+    ("--memory-mb", "512", "deploy.memory_mb", 512),
+    ("--sample-memory-mb", "384", "deploy.sample_memory_mb", 384),
+    ("--keep-alive-s", "30", "deploy.keep_alive_s", 30.0),
+    ("--scheduler", "naive", "deploy.scheduler", "naive"),
+    ("--fetch", "full", "deploy.fetch", "full"),
+    ("--no-cache", None, "deploy.cache", False),
+    ("--max-instances", "4", "deploy.max_instances", 4),
 ]
 
 
