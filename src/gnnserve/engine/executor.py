@@ -7,7 +7,8 @@ them and resolves each request's future. One executor serves an engine, chosen b
 - ``local`` (:class:`gnnserve.engine.local.LocalExecutor`): sample, gather and compute in
   this process, in overlapping stage threads;
 - ``dgs`` (``gnnserve.deploy.dgs.executor``): batches sample from DGS serving workers;
-- ``cgp`` (``gnnserve.deploy.cgp.executor``): new-node SRPE requests run on CGP workers.
+- ``cgp`` (``gnnserve.deploy.cgp.executor``): new-node SRPE requests run on CGP workers;
+- ``faas`` (``gnnserve.deploy.faas.executor``): serverless function instances (FaaS-GNN).
 
 Deployment packages sit above the engine: the registry names them by import path and imports
 them on first use, so the engine never imports a deployment. A new deployment mode is a
@@ -120,3 +121,4 @@ def register_lazy(name: str, module: str, cls: str) -> None:
 register_lazy("local", "gnnserve.engine.local", "LocalExecutor")
 register_lazy("dgs", "gnnserve.deploy.dgs.executor", "DGSExecutor")
 register_lazy("cgp", "gnnserve.deploy.cgp.executor", "CGPExecutor")
+register_lazy("faas", "gnnserve.deploy.faas.executor", "FaaSExecutor")

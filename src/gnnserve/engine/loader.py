@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 
 from gnnserve.config import ServeConfig
+from gnnserve.data.blobs import open_blobs
 from gnnserve.data.layout import verify_checksum
 from gnnserve.dynamic.store import DynamicStore
 from gnnserve.embeddings.base import EmbeddingStore
@@ -24,8 +25,10 @@ from gnnserve.errors import (
     StoreFormatError,
 )
 from gnnserve.features import open_feature_store
+from gnnserve.features.remote import RemoteFeatures
 from gnnserve.graph import open_graph_store
 from gnnserve.graph.base import GraphStore
+from gnnserve.graph.remote import RemoteCSR, RemoteGraphStore
 from gnnserve.models.checkpoint import load_checkpoint
 from gnnserve.models.runner import ModelRunner
 from gnnserve.newnodes.service import check_embeddings
@@ -36,6 +39,8 @@ log = logging.getLogger(__name__)
 
 def build_engine(config: ServeConfig) -> Engine:
     """Open ``config.store`` and ``config.model_path`` and wire them into an (unstarted) Engine."""
+    if config.deploy.mode == "faas" or config.deploy.remote:
+        return build_gateway_engine(config)
     if not config.store.path:
         raise InvalidInputError("no store given (--store DIR)", "store.path")
     if not config.model_path:
@@ -74,6 +79,45 @@ def build_engine(config: ServeConfig) -> Engine:
         embeddings=pes,
         embeddings_error=problem,
     )
+
+
+def build_gateway_engine(config: ServeConfig) -> Engine:
+    """The engine of a FaaS gateway (``deploy.mode: faas``): the published store at
+    ``deploy.remote`` (default: ``store.path`` as a file URL) is opened for its metadata and
+    per-node look-ups only; function instances read what requests need."""
+    if config.deploy.mode != "faas":
+        raise InvalidInputError(
+            "deploy.remote is served by the faas deployment: add --deploy faas", "deploy.remote"
+        )
+    if not config.model_path:
+        raise InvalidInputError("no model checkpoint given (--model DIR)", "model_path")
+    if config.store.update_log:
+        raise InvalidInputError(
+            "the faas deployment serves a published snapshot: it takes no update log",
+            "store.update_log",
+        )
+    remote_url = config.deploy.remote or config.store.path
+    if not remote_url:
+        raise InvalidInputError(
+            "the faas deployment needs --remote URL (a store published with `gnnserve publish`) "
+            "or --store DIR",
+            "deploy.remote",
+        )
+    config.deploy.remote = remote_url
+    blobs = open_blobs(remote_url)
+    remote = RemoteCSR(blobs)
+    features = RemoteFeatures(blobs, remote.meta)
+    ckpt = load_checkpoint(config.model_path)
+    if ckpt.config.in_dim != features.dim:
+        raise InvalidInputError(
+            f"model expects {ckpt.config.in_dim} input features, the store has {features.dim}",
+            "model_path",
+        )
+    refused = MissingEmbeddingsError(
+        "new-node requests are not served by the faas deployment", "new_nodes"
+    )
+    runner = ModelRunner(ckpt.model, ckpt.version)
+    return Engine(RemoteGraphStore(remote), features, runner, config, embeddings_error=refused)
 
 
 def check_locations(config: ServeConfig) -> None:

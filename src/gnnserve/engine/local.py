@@ -18,6 +18,7 @@ from gnnserve.engine.batcher import STOP, Batch, drop_expired
 from gnnserve.engine.executor import BatchSource, ExecutionContext, Executor
 from gnnserve.engine.pipeline import Stage, fail_batch
 from gnnserve.errors import GnnServeError
+from gnnserve.models.runner import ModelRunner
 from gnnserve.types import MiniBatch, Result, SampledSubgraph, StageTimings
 
 
@@ -111,37 +112,45 @@ class LocalExecutor(Executor):
             observe(batch)
 
     def _resolve(self, batch: Batch, logits: torch.Tensor, embedding: torch.Tensor) -> None:
-        assert batch.subgraph is not None
-        runner = self.context.runner
-        rows = batch.subgraph.seed_rows
-        offset = 0
-        now = time.perf_counter()
-        for ticket in batch.tickets:
-            nodes, output = ticket.nodes, ticket.request.options.output
-            mine = rows[offset : offset + nodes.size]
-            offset += nodes.size
-            try:
-                values = runner.shape_output(output, logits, embedding, mine, nodes)
-            except GnnServeError as exc:  # NaN/inf outputs: this request fails, not the batch
-                if not ticket.future.done():
-                    ticket.future.set_exception(exc)
-                continue
-            timings = StageTimings(
-                queue_ms=(batch.formed_s - ticket.arrival_s) * 1e3,
-                sample_ms=batch.stage_ms.get("sample", 0.0),
-                fetch_ms=batch.stage_ms.get("fetch", 0.0),
-                compute_ms=batch.stage_ms.get("compute", 0.0),
-                total_ms=(now - ticket.arrival_s) * 1e3,
-                batch_size=batch.subgraph.num_seeds,
-            )
-            result = Result(
-                ticket.request_id,
-                nodes,
-                output,
-                values,
-                runner.version,
-                batch.graph_version,
-                timings,
-            )
+        resolve_batch(batch, self.context.runner, logits, embedding)
+
+
+def resolve_batch(
+    batch: Batch, runner: ModelRunner, logits: torch.Tensor, embedding: torch.Tensor
+) -> None:
+    """Answer each request of ``batch`` from the unique seeds' ``logits`` / ``embedding``
+    (rows ``batch.subgraph.seed_rows``), with its timings; a request whose output is not finite
+    gets its error, the others their results."""
+    assert batch.subgraph is not None
+    rows = batch.subgraph.seed_rows
+    offset = 0
+    now = time.perf_counter()
+    for ticket in batch.tickets:
+        nodes, output = ticket.nodes, ticket.request.options.output
+        mine = rows[offset : offset + nodes.size]
+        offset += nodes.size
+        try:
+            values = runner.shape_output(output, logits, embedding, mine, nodes)
+        except GnnServeError as exc:  # NaN/inf outputs: this request fails, not the batch
             if not ticket.future.done():
-                ticket.future.set_result(result)
+                ticket.future.set_exception(exc)
+            continue
+        timings = StageTimings(
+            queue_ms=(batch.formed_s - ticket.arrival_s) * 1e3,
+            sample_ms=batch.stage_ms.get("sample", 0.0),
+            fetch_ms=batch.stage_ms.get("fetch", 0.0),
+            compute_ms=batch.stage_ms.get("compute", 0.0),
+            total_ms=(now - ticket.arrival_s) * 1e3,
+            batch_size=batch.subgraph.num_seeds,
+        )
+        result = Result(
+            ticket.request_id,
+            nodes,
+            output,
+            values,
+            runner.version,
+            batch.graph_version,
+            timings,
+        )
+        if not ticket.future.done():
+            ticket.future.set_result(result)

@@ -44,7 +44,8 @@ class Planner:
         self.num_layers = num_layers
         self.default: Fanouts = tuple(check_fanouts(config.fanouts, hops=num_layers))
         # PSGS for a graph that changes would go stale: the sampler falls back to a fanout bound
-        cost = None if graph.mutable else psgs(graph, list(self.default))
+        # (a remote store's topology is read by the function instances, never whole here)
+        cost = None if graph.mutable or not graph.local else psgs(graph, list(self.default))
         self.psgs = cost
         self._samplers: dict[Fanouts, NeighborSampler] = {
             self.default: self._on_demand(self.default, cost)

@@ -52,7 +52,7 @@ def warm_up_engine(engine: Engine) -> dict[str, float]:
     """Run each path of a default-fanout request once; returns ms per step and ``total``."""
     spent: dict[str, float] = {}
     start = time.perf_counter()
-    if engine.graph.num_nodes > 0:
+    if engine.graph.num_nodes > 0 and engine.graph.local:  # remote: the executor warms up
         batch = _timed(spent, "sample+fetch", lambda: _sample_and_fetch(engine))
         _timed(spent, "model", lambda: _forward(engine, batch))
         if engine.new_nodes.embeddings is not None:

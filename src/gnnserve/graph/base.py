@@ -36,6 +36,7 @@ class GraphStore(abc.ABC):
         return self.meta.num_edges
 
     mutable = False  # True for stores whose content changes while served
+    local = True  # False for a remote store whose whole-graph arrays are never read here
 
     @property
     def version(self) -> str:

@@ -19,6 +19,7 @@ import numpy as np
 from gnnserve.data import layout
 from gnnserve.data.blobs import BlobStore, coalesce
 from gnnserve.errors import StoreFormatError
+from gnnserve.graph.base import GraphStore
 
 SELF_LOOPS = "self_loops.npy"  # sorted int64 ids of vertices with a self loop (one per loop)
 _INDPTR_BYTES = 8
@@ -133,3 +134,37 @@ def self_loop_ids(indptr: np.ndarray, indices: np.ndarray) -> np.ndarray:
     """Sorted int64 ids of the vertices with a self loop, once per loop (``SELF_LOOPS``)."""
     dst = np.repeat(np.arange(indptr.size - 1, dtype=np.int64), np.diff(indptr))
     return np.sort(dst[np.asarray(indices) == dst])
+
+
+class RemoteGraphStore(GraphStore):
+    """A published store as a gateway sees it (``--deploy faas``): node count, version, id
+    checks and per-node look-ups by byte ranges. The whole-graph arrays are never read here:
+    function instances sample on demand, so ``adjacency`` refuses."""
+
+    local = False
+
+    def __init__(self, remote: RemoteCSR) -> None:
+        super().__init__(remote.meta)
+        self.remote = remote
+
+    def _adjacency(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        raise StoreFormatError(
+            f"{self.remote.blobs.url} is a remote store: its topology is read on demand by the "
+            "function instances, not loaded whole",
+            "remote",
+        )
+
+    def in_degree(self, nodes: np.ndarray | None = None) -> np.ndarray:
+        """In-degree (int64) of ``nodes`` (required: the whole graph is not read here)."""
+        if nodes is None:
+            self._adjacency()
+        return self.remote.fetch_degrees(self.check_nodes(nodes))[1]  # type: ignore[arg-type]
+
+    def gcn_degree(self, ids: np.ndarray) -> np.ndarray:
+        """In-degree without self loops of valid ``ids``, float32, read by byte ranges."""
+        return self.remote.gcn_degree(ids, self.remote.fetch_degrees(ids)[1])
+
+    def neighbors(self, node: int) -> np.ndarray:
+        """In-neighbours of one node, read by byte ranges (int64)."""
+        v = self.check_nodes(np.array([node]), "node")
+        return self.remote.fetch_rows(v).indices.copy()

@@ -1,45 +1,49 @@
 """The load-aware request scheduler of FaaS-GNN (§4.4) and the platform's naive policy (§3.4.2).
 
-Pure decision logic: events in (a request arrives, an instance finishes its cold start or its
-request, dies, time passes), actions out (:class:`Launch` a cold instance, :class:`Run` a
-request on a warm one, :class:`Stop` an idle one). Time is passed in as ``now`` (seconds), so
-tests drive it with a fake clock; :class:`~gnnserve.deploy.faas.pool.FunctionPool` executes the
-actions on Ray actors.
+Pure, synchronous decision logic: events in (a request arrives, an instance finishes its cold
+start or its request, dies, time passes), actions out (:class:`Launch` a cold instance,
+:class:`Run` a request on a warm one, :class:`Stop` an idle one), in the order to execute them.
+Time is passed in as ``now`` (seconds, any monotonic origin), so tests drive it with a fake
+clock; :class:`~gnnserve.deploy.faas.pool.FunctionPool` executes the actions on Ray actors.
+Instance ids are assigned here (0, 1, 2, ...); request ids come from the caller.
 
-load_aware, exactly as §4.4:
-- every warm instance has a FCFS queue; a busy instance runs the front of its own queue next;
+``load_aware`` (§4.4, Figure 11):
+- every warm instance has a FCFS queue and runs the front of its own queue next;
 - on arrival, launch a new instance only when ``n_req > n_container`` (requests waiting or
   running, the new one counted, vs instances warm or starting) and no instance is idle;
-- the request then goes to an idle instance, else to the queue of the warm instance with the
-  shortest queue, else (nothing warm) to a temporary queue;
-- an instance that becomes idle (cold start done, or its queue drained) takes the head of the
-  temporary queue, else the request at the tail of the longest queue (a steal).
-naive: an idle instance runs the request; otherwise a new instance is launched for it and the
-request waits for that instance's cold start (no queues, no steals).
-Both: an instance idle for ``keep_alive_s`` is stopped (scale to zero).
+- the request then runs on the idle instance that became idle last (ties: lowest id), else joins
+  the queue of the warm instance with the shortest queue (ties: lowest id), else (nothing warm)
+  the temporary queue;
+- an instance that becomes idle (cold start done, or its queue drained) takes the temporary
+  queue's head, else steals the request at the tail of the longest queue (ties: lowest id).
+
+``naive`` (the platform default): an idle instance runs the request; otherwise a new instance is
+launched for it and the request waits for that instance's cold start (no queues, no steals). At
+``max_instances`` the request waits in the temporary queue for the next instance to go idle.
+
+Both: an instance idle for ``keep_alive_s`` or longer is stopped by :meth:`Scheduler.tick`.
 """
 
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, field
 
 from gnnserve.errors import InvalidInputError
 
-POLICIES = ("load_aware", "naive")
 STATES = ("starting", "idle", "busy")
 
 
 @dataclass(frozen=True)
 class Launch:
-    """Start instance ``instance`` (a cold start)."""
+    """Start instance ``instance`` (a cold start); report :meth:`Scheduler.ready` when warm."""
 
     instance: int
 
 
 @dataclass(frozen=True)
 class Run:
-    """Run ``request`` on warm instance ``instance``."""
+    """Run ``request`` on warm instance ``instance``; report :meth:`Scheduler.done` after."""
 
     instance: int
     request: int
@@ -47,7 +51,7 @@ class Run:
 
 @dataclass(frozen=True)
 class Stop:
-    """Stop instance ``instance`` (idle past its keep-alive)."""
+    """Stop idle instance ``instance`` (its keep-alive expired)."""
 
     instance: int
 
@@ -55,25 +59,33 @@ class Stop:
 Action = Launch | Run | Stop
 
 
-@dataclass
+@dataclass(frozen=True)
 class Failure:
-    """What :meth:`Scheduler.failed` decided: the request the dead instance was running (lost
-    with it: the caller answers it with an error) and the actions to execute."""
+    """What :meth:`Scheduler.failed` decided.
+
+    ``failed``: the request the dead instance was running (empty if it was starting or idle);
+    it is lost with the instance and forgotten here: the caller answers it with an error.
+    ``actions``: what to execute next (its waiting requests placed again, a replacement).
+    """
 
     failed: list[int]
     actions: list[Action]
 
 
-@dataclass
+@dataclass(frozen=True)
 class SchedulerView:
     """A read-only snapshot for metrics and tests."""
 
-    instances: dict[str, int]  # count per state
-    queue_lengths: dict[int, int]  # per warm instance
-    temporary: int  # requests waiting for any warm instance
+    instances: dict[str, int]  # count per state in STATES
+    queue_lengths: dict[int, int]  # requests queued per warm instance
+    temporary: int  # requests waiting for any instance to go idle
+    reserved: int  # naive: requests waiting for the cold start of their own instance
     launches: int  # cold starts so far
-    steals: int  # requests re-scheduled from the tail of another queue
-    stops: int  # keep-alive expiries
+    steals: int  # requests taken from the tail of another instance's queue
+    runs: int  # Run actions so far
+    stops: int  # keep-alive expiries so far
+    n_requests: int  # waiting or running
+    n_containers: int  # starting or warm
 
 
 @dataclass
@@ -81,12 +93,83 @@ class _Instance:
     state: str  # one of STATES
     queue: deque[int] = field(default_factory=deque)
     running: int | None = None
-    idle_since: float = 0.0
+    idle_since: float = 0.0  # seconds, when it last went idle
     reserved: int | None = None  # naive: the request it was launched for
 
 
+class Policy:
+    """Where an arriving request goes and what an instance that went idle takes."""
+
+    def place(self, s: Scheduler, request: int, now: float) -> list[Action]:
+        """Place ``request`` (already counted in ``s.n_requests``)."""
+        raise NotImplementedError
+
+    def take_work(self, s: Scheduler, instance: int) -> Run | None:
+        """The request idle ``instance`` (own queue empty) runs now, or None to stay idle."""
+        raise NotImplementedError
+
+
+class LoadAware(Policy):
+    """FaaS-GNN §4.4: launch only when ``n_req > n_container``; queue on warm instances; steal."""
+
+    def place(self, s: Scheduler, request: int, now: float) -> list[Action]:
+        idle = s._latest_idle()
+        actions: list[Action] = []
+        if idle is None and s.n_requests > s.n_containers and s._may_launch():
+            actions.append(s._launch())
+        if idle is not None:
+            actions.append(s._run(idle, request))
+            return actions
+        warm = [i for i, x in s._instances.items() if x.state != "starting"]
+        if warm:
+            shortest = min(warm, key=lambda i: (len(s._instances[i].queue), i))
+            s._instances[shortest].queue.append(request)
+        else:
+            s._temporary.append(request)
+        return actions
+
+    def take_work(self, s: Scheduler, instance: int) -> Run | None:
+        if s._temporary:
+            return s._run(instance, s._temporary.popleft())
+        queued = [(-len(x.queue), i) for i, x in s._instances.items() if x.queue]
+        if not queued:
+            return None
+        victim = min(queued)[1]  # longest queue, lowest id on ties
+        s._count["steals"] += 1
+        return s._run(instance, s._instances[victim].queue.pop())
+
+
+class Naive(Policy):
+    """§3.4.2: run on an idle instance, else launch one for the request and wait for it."""
+
+    def place(self, s: Scheduler, request: int, now: float) -> list[Action]:
+        idle = s._latest_idle()
+        if idle is not None:
+            return [s._run(idle, request)]
+        if not s._may_launch():
+            s._temporary.append(request)
+            return []
+        launch = s._launch()
+        s._instances[launch.instance].reserved = request
+        return [launch]
+
+    def take_work(self, s: Scheduler, instance: int) -> Run | None:
+        inst = s._instances[instance]
+        if inst.reserved is not None:
+            request, inst.reserved = inst.reserved, None
+            return s._run(instance, request)
+        return s._run(instance, s._temporary.popleft()) if s._temporary else None
+
+
+POLICIES: dict[str, type[Policy]] = {"load_aware": LoadAware, "naive": Naive}
+
+
 class Scheduler:
-    """Decides launches and placements for one function's instances."""
+    """Decides launches, placements and stops for the instances of one function.
+
+    ``policy``: a key of :data:`POLICIES`; ``keep_alive_s``: idle seconds before a stop;
+    ``max_instances``: cap on instances starting or warm (None: no cap).
+    """
 
     def __init__(
         self,
@@ -96,111 +179,125 @@ class Scheduler:
     ) -> None:
         if policy not in POLICIES:
             raise InvalidInputError(
-                f"unknown scheduler policy {policy!r}; choose {POLICIES}", "policy"
+                f"unknown scheduler policy {policy!r}; choose one of {sorted(POLICIES)}", "policy"
             )
-        if keep_alive_s <= 0:
+        if not keep_alive_s > 0:
             raise InvalidInputError(f"keep_alive_s must be > 0, got {keep_alive_s}", "keep_alive_s")
         if max_instances is not None and max_instances < 1:
             raise InvalidInputError(
-                f"max_instances must be >= 1, got {max_instances}", "max_instances"
+                f"max_instances must be >= 1 or None, got {max_instances}", "max_instances"
             )
         self.policy = policy
         self.keep_alive_s = float(keep_alive_s)
         self.max_instances = max_instances
-        self._instances: dict[int, _Instance] = {}
+        self._policy = POLICIES[policy]()
+        self._instances: dict[int, _Instance] = {}  # insertion order == id order
         self._temporary: deque[int] = deque()
+        self._live: set[int] = set()  # requests waiting or running
         self._next_id = 0
-        self.launches = self.steals = self.stops = 0
+        self._count: Counter[str] = Counter()
 
-    # counts ---------------------------------------------------------------------------------
+    # read-only views ------------------------------------------------------------------------
     @property
     def n_requests(self) -> int:
-        """Requests waiting anywhere or running."""
-        queued = sum(len(i.queue) + (i.running is not None) for i in self._instances.values())
-        reserved = sum(i.reserved is not None for i in self._instances.values())
-        return queued + reserved + len(self._temporary)
+        """Requests waiting anywhere or running (§4.4 ``n_req``)."""
+        return len(self._live)
 
     @property
     def n_containers(self) -> int:
-        """Instances warm or starting."""
+        """Instances starting or warm (§4.4 ``n_container``)."""
         return len(self._instances)
 
+    @property
+    def launches(self) -> int:
+        """Cold starts decided so far."""
+        return self._count["launches"]
+
+    @property
+    def steals(self) -> int:
+        """Requests re-scheduled from the tail of another instance's queue so far."""
+        return self._count["steals"]
+
+    @property
+    def runs(self) -> int:
+        """Run actions so far."""
+        return self._count["runs"]
+
+    @property
+    def stops(self) -> int:
+        """Keep-alive expiries so far."""
+        return self._count["stops"]
+
     def view(self) -> SchedulerView:
-        """Counts per state, queue lengths, counters."""
-        states = {s: 0 for s in STATES}
+        """Counts per state, queue lengths, counters, ``n_requests`` and ``n_containers``."""
+        states = dict.fromkeys(STATES, 0)
         for inst in self._instances.values():
             states[inst.state] += 1
         queues = {i: len(x.queue) for i, x in self._instances.items() if x.state != "starting"}
+        reserved = sum(x.reserved is not None for x in self._instances.values())
+        c = self._count
         return SchedulerView(
-            states, queues, len(self._temporary), self.launches, self.steals, self.stops
-        )
+            states, queues, len(self._temporary), reserved, c["launches"], c["steals"],
+            c["runs"], c["stops"], self.n_requests, self.n_containers,
+        )  # fmt: skip
 
     # events ---------------------------------------------------------------------------------
     def arrive(self, request: int, now: float) -> list[Action]:
-        """A request arrived."""
-        if self.policy == "naive":
-            return self._arrive_naive(request, now)
-        actions: list[Action] = []
-        idle = self._idle()
-        if self.n_requests + 1 > self.n_containers and idle is None and self._may_launch():
-            actions.append(self._launch(now))
-        if idle is not None:
-            actions.append(self._run(idle, request))
-            return actions
-        warm = [i for i, x in self._instances.items() if x.state == "busy"]
-        if warm:
-            target = min(warm, key=lambda i: (len(self._instances[i].queue), i))
-            self._instances[target].queue.append(request)
-        else:
-            self._temporary.append(request)
-        return actions
-
-    def _arrive_naive(self, request: int, now: float) -> list[Action]:
-        idle = self._idle()
-        if idle is not None:
-            return [self._run(idle, request)]
-        if not self._may_launch():
-            self._temporary.append(request)
-            return []
-        launch = self._launch(now)
-        self._instances[launch.instance].reserved = request
-        return [launch]
+        """Request ``request`` arrived at ``now`` (s); ids must not repeat while it is live."""
+        if request in self._live:
+            raise InvalidInputError(f"request {request} is already waiting or running", "request")
+        self._live.add(request)
+        return self._policy.place(self, request, now)
 
     def ready(self, instance: int, now: float) -> list[Action]:
-        """``instance`` finished its cold start."""
-        inst = self._instances[instance]
-        inst.state = "idle"
-        inst.idle_since = now
-        if inst.reserved is not None:
-            request, inst.reserved = inst.reserved, None
-            return [self._run(instance, request)]
-        return self._take_work(instance, now)
+        """``instance`` finished its cold start at ``now`` (s): it goes idle and takes work."""
+        self._get(instance, "ready", "starting")
+        return self._went_idle(instance, now)
 
     def done(self, instance: int, now: float) -> list[Action]:
-        """``instance`` finished its running request."""
-        inst = self._instances[instance]
+        """``instance`` finished its request at ``now`` (s): its queue's front, else take work."""
+        inst = self._get(instance, "done", "busy")
+        if inst.running is not None:  # always set while busy
+            self._live.discard(inst.running)
         inst.running = None
-        inst.state = "idle"
-        inst.idle_since = now
         if inst.queue:
             return [self._run(instance, inst.queue.popleft())]
-        return self._take_work(instance, now)
+        return self._went_idle(instance, now)
 
     def failed(self, instance: int, now: float) -> Failure:
-        """``instance`` died: its running request is lost, its queue is placed again."""
-        inst = self._instances.pop(instance)
-        lost = [inst.running] if inst.running is not None else []
-        pending = ([inst.reserved] if inst.reserved is not None else []) + list(inst.queue)
+        """``instance`` died at ``now`` (s) in any state; it is removed.
+
+        Its running request is reported in :attr:`Failure.failed`; its waiting requests (naive:
+        the one it was launched for; load_aware: its queue, in order) are placed again by the
+        arrival rules; if requests still wait and no instance is left, a replacement launches.
+        """
+        inst = self._get(instance, "failed")
+        del self._instances[instance]
+        lost = [] if inst.running is None else [inst.running]
+        self._live.difference_update(lost)
+        pending = ([] if inst.reserved is None else [inst.reserved]) + list(inst.queue)
         actions: list[Action] = []
         for request in pending:
-            actions += self.arrive(request, now)
-        starting = any(x.state == "starting" for x in self._instances.values())
-        if self._temporary and not starting and self._idle() is None and self._may_launch():
-            actions.append(self._launch(now))  # waiting requests must not wait for nothing
+            actions += self._policy.place(self, request, now)
+        if self._temporary and not self._instances:
+            actions.append(self._launch())  # e.g. the only instance died in its cold start
         return Failure(lost, actions)
 
+    def drop_waiting(self) -> list[int]:
+        """Remove every request not running yet (queues, temporary queue, reservations) and
+        return them: the caller fails them (e.g. instances keep failing to start)."""
+        dropped = list(self._temporary)
+        self._temporary.clear()
+        for inst in self._instances.values():
+            if inst.reserved is not None:
+                dropped.append(inst.reserved)
+                inst.reserved = None
+            dropped += inst.queue
+            inst.queue.clear()
+        return dropped
+
     def tick(self, now: float) -> list[Action]:
-        """Stop instances idle for ``keep_alive_s`` or longer."""
+        """Stop (ascending ids) every instance idle for ``keep_alive_s`` or longer at ``now``."""
         expired = [
             i
             for i, x in self._instances.items()
@@ -208,39 +305,45 @@ class Scheduler:
         ]
         for i in expired:
             del self._instances[i]
-        self.stops += len(expired)
+        self._count["stops"] += len(expired)
         return [Stop(i) for i in expired]
 
-    # helpers --------------------------------------------------------------------------------
+    # helpers for the policies ---------------------------------------------------------------
+    def _get(self, instance: int, event: str, state: str | None = None) -> _Instance:
+        inst = self._instances.get(instance)
+        if inst is None or (state is not None and inst.state != state):
+            found = "unknown" if inst is None else inst.state
+            raise InvalidInputError(
+                f"{event}({instance}): instance is {found}, expected {state or 'a live one'}",
+                "instance",
+            )
+        return inst
+
+    def _went_idle(self, instance: int, now: float) -> list[Action]:
+        inst = self._instances[instance]
+        inst.state = "idle"
+        run = self._policy.take_work(self, instance)
+        if run is None:
+            inst.idle_since = now
+            return []
+        return [run]
+
     def _may_launch(self) -> bool:
         return self.max_instances is None or len(self._instances) < self.max_instances
 
-    def _idle(self) -> int | None:
-        """The idle instance that became idle most recently (lowest id on ties)."""
+    def _latest_idle(self) -> int | None:
+        """The idle instance that went idle most recently (lowest id on ties), or None."""
         idle = [(-x.idle_since, i) for i, x in self._instances.items() if x.state == "idle"]
         return min(idle)[1] if idle else None
 
-    def _launch(self, now: float) -> Launch:
-        instance = self._next_id
-        self._next_id += 1
-        self._instances[instance] = _Instance("starting", idle_since=now)
-        self.launches += 1
+    def _launch(self) -> Launch:
+        instance, self._next_id = self._next_id, self._next_id + 1
+        self._instances[instance] = _Instance("starting")
+        self._count["launches"] += 1
         return Launch(instance)
 
     def _run(self, instance: int, request: int) -> Run:
         inst = self._instances[instance]
         inst.state, inst.running = "busy", request
+        self._count["runs"] += 1
         return Run(instance, request)
-
-    def _take_work(self, instance: int, now: float) -> list[Action]:
-        """An instance just became idle: the temporary queue first, then a steal."""
-        if self._temporary:
-            return [self._run(instance, self._temporary.popleft())]
-        if self.policy == "naive":
-            return []
-        queued = [(len(x.queue), -i) for i, x in self._instances.items() if x.queue]
-        if not queued:
-            return []
-        victim = -max(queued)[1]
-        self.steals += 1
-        return [self._run(instance, self._instances[victim].queue.pop())]

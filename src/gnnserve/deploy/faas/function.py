@@ -1,0 +1,221 @@
+"""The two FaaS-GNN functions (§4.1): sample, then infer; plain classes a Ray actor wraps.
+
+``SampleFunction`` builds a request's computation graph: on demand from the remote CSR
+(FaaS-GNN, AWSGNN) or from a full copy downloaded at cold start (DGL-serverless). It returns a
+:class:`SampledRequest`, which passes to an ``InferenceFunction``: that one predicts the
+request's peak memory, evicts cache entries to fit it under the instance capacity, reads the
+input features (cache hits, the rest fetched by byte ranges or from its full copy), runs the
+model and returns the seeds' logits and embeddings. A misprediction whose measured peak would
+have put the instance over its capacity clears the cache and runs the request again (§4.3).
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from gnnserve.data import layout
+from gnnserve.data.blobs import BlobStore, open_blobs
+from gnnserve.errors import InvalidInputError
+from gnnserve.features.adaptive_cache import AdaptiveFeatureCache
+from gnnserve.features.base import FeatureStore
+from gnnserve.features.remote import RemoteFeatures
+from gnnserve.features.stores import InMemoryFeatures
+from gnnserve.graph.csr import InMemoryCSR
+from gnnserve.graph.remote import RemoteCSR
+from gnnserve.models.checkpoint import load_checkpoint
+from gnnserve.models.memory import MemoryPredictor, request_features
+from gnnserve.models.peakmem import peak_memory, resident_bytes
+from gnnserve.models.runner import ModelRunner
+from gnnserve.sampling.ondemand import OnDemandSampler
+from gnnserve.sampling.sampler import NeighborSampler
+from gnnserve.types import MiniBatch, SampledSubgraph
+
+FETCH_MODES = ("ondemand", "full")
+_MB = 1 << 20
+
+
+@dataclass(frozen=True)
+class FunctionSpec:
+    """How a function instance is built (sent to every actor it launches)."""
+
+    remote: str  # URL of the published store (s3://bucket/prefix, file:///dir or a path)
+    model: str  # checkpoint directory (local path)
+    fanouts: tuple[int, ...]  # sampling fanouts, hop nearest the seeds first
+    fetch: str = "ondemand"  # "ondemand": byte ranges per request | "full": download at start
+    cache: bool = True  # adaptive feature cache in inference instances
+    memory_mb: int = 0  # instance capacity (cgroup limit); 0: no limit, no cache budget
+    options: Mapping[str, str] = field(default_factory=dict)  # object-store settings
+    gap: int = 0  # merge byte ranges at most this far apart
+    seed: int = 0  # sampler seed
+
+    def __post_init__(self) -> None:
+        if self.fetch not in FETCH_MODES:
+            raise InvalidInputError(
+                f"fetch must be one of {FETCH_MODES}, got {self.fetch!r}", "fetch"
+            )
+        if self.memory_mb < 0:
+            raise InvalidInputError(f"memory_mb must be >= 0, got {self.memory_mb}", "memory_mb")
+
+
+@dataclass
+class SampledRequest:
+    """A request's computation graph, passed from a sample instance to an inference instance."""
+
+    subgraph: SampledSubgraph  # blocks with local ids
+    degree: np.ndarray  # int64 [n_nodes] full-graph in-degree (cache eviction key)
+    gcn_degree: np.ndarray  # float32 [n_input_nodes] in-degree without self loops
+    sample_ms: float  # time spent sampling, fetches included
+    requests: int  # range requests issued for the topology
+    bytes_read: int  # topology bytes read
+
+
+@dataclass
+class InferenceOutput:
+    """What an inference instance answers for one request."""
+
+    logits: torch.Tensor  # [num_seeds, C] of the unique seeds
+    embedding: torch.Tensor  # [num_seeds, H]
+    seed_rows: np.ndarray  # int64 row of each requested seed
+    fetch_ms: float  # feature read (cache + remote)
+    compute_ms: float  # model forward
+    hits: int  # input rows found in the cache
+    misses: int  # input rows fetched
+    bytes_read: int  # feature bytes read
+    predicted_bytes: int  # predicted peak inference memory (0 without a predictor)
+    measured_bytes: int  # measured peak resident increase during feature read + forward
+    reran: bool  # a misprediction cleared the cache and the request ran again
+    evicted: int  # cache entries evicted before this request
+
+
+def _download(blobs: BlobStore, names: list[str]) -> Path:
+    """Copy the named objects (and meta.json) into a fresh local directory (DGL-serverless)."""
+    root = Path(tempfile.mkdtemp(prefix="gnnserve-full-"))
+    for name in [layout.META, *names]:
+        (root / name).write_bytes(blobs.get(name))
+    return root
+
+
+class SampleFunction:
+    """Builds computation graphs from the store at ``spec.remote``."""
+
+    def __init__(self, spec: FunctionSpec) -> None:
+        self.spec = spec
+        self.blobs = open_blobs(spec.remote, spec.options or None)
+        self.remote = RemoteCSR(self.blobs, spec.gap)
+        fanouts = list(spec.fanouts)
+        self._local: NeighborSampler | None = None
+        if spec.fetch == "full":
+            root = _download(self.blobs, [layout.INDPTR, layout.INDICES])
+            graph = InMemoryCSR(root, layout.read_meta(root), check_structure=False)
+            self._graph = graph
+            self._local = NeighborSampler(graph, fanouts, seed=spec.seed)
+        self._ondemand = OnDemandSampler(self.remote, fanouts, seed=spec.seed)
+
+    def sample(self, seeds: np.ndarray, rng_seed: int | None = None) -> SampledRequest:
+        """The computation graph of ``seeds`` (valid int64 ids)."""
+        start = time.perf_counter()
+        if self._local is not None:
+            subgraph = self._local.sample(seeds, rng_seed)
+            degree = self._graph.in_degree(subgraph.nodes)
+            requests, nbytes = 0, 0
+        else:
+            fetched = self._ondemand.sample(seeds, rng_seed)
+            subgraph, degree = fetched.subgraph, fetched.degree
+            requests, nbytes = fetched.requests, fetched.bytes_read
+        inputs = subgraph.input_nodes
+        gcn = self.remote.gcn_degree(inputs, degree[: inputs.size])
+        return SampledRequest(
+            subgraph, degree, gcn, (time.perf_counter() - start) * 1e3, requests, nbytes
+        )
+
+
+class InferenceFunction:
+    """Reads a request's input features (adaptive cache in front of the store) and runs the
+    model, keeping the instance under ``spec.memory_mb``."""
+
+    def __init__(self, spec: FunctionSpec) -> None:
+        self.spec = spec
+        self.blobs = open_blobs(spec.remote, spec.options or None)
+        meta = layout.parse_meta(self.blobs.get(layout.META).decode(), spec.remote)
+        store: FeatureStore
+        if spec.fetch == "full":
+            root = _download(self.blobs, [layout.FEATURES])
+            store = InMemoryFeatures(root, layout.read_meta(root), check_structure=False)
+        else:
+            store = RemoteFeatures(self.blobs, meta, spec.gap)
+        self.store = store
+        self.cache = AdaptiveFeatureCache(store) if spec.cache and spec.fetch != "full" else None
+        ckpt = load_checkpoint(spec.model)
+        self.runner = ModelRunner(ckpt.model, ckpt.version)
+        self.predictor = MemoryPredictor.load_if_present(spec.model) if self.cache else None
+        self.capacity = spec.memory_mb * _MB
+
+    def infer(self, request: SampledRequest) -> InferenceOutput:
+        """Run one request; see the module docstring for the memory rules."""
+        predicted = self._predict(request.subgraph)
+        evicted = self._make_room(request, predicted)
+        before = self.blobs.stats.bytes_read
+        output, measured = peak_memory(lambda: self._run(request))
+        reran = False
+        if self.cache is not None and self.capacity and self._would_overflow(predicted, measured):
+            self.cache.clear()  # the prediction was too low: free everything, run again
+            output, measured = peak_memory(lambda: self._run(request))
+            reran = True
+        output.bytes_read = self.blobs.stats.bytes_read - before
+        output.predicted_bytes, output.measured_bytes = predicted, measured
+        output.reran, output.evicted = reran, evicted
+        return output
+
+    def _predict(self, subgraph: SampledSubgraph) -> int:
+        if self.predictor is None:
+            return 0
+        return int(self.predictor.predict(request_features(subgraph))[0])
+
+    def _make_room(self, request: SampledRequest, predicted: int) -> int:
+        if self.cache is None or not self.capacity:
+            return 0
+        budget = self.capacity - (resident_bytes() - self.cache.nbytes) - predicted
+        ids = request.subgraph.input_nodes
+        return self.cache.prepare(ids, request.degree[: ids.size], max(0, budget))
+
+    def _would_overflow(self, predicted: int, measured: int) -> bool:
+        """The measured peak exceeded the prediction by enough that, with the cache kept, a
+        request like it would push the instance past its capacity."""
+        return measured > predicted and resident_bytes() + (measured - predicted) > self.capacity
+
+    def _run(self, request: SampledRequest) -> InferenceOutput:
+        subgraph = request.subgraph
+        ids = subgraph.input_nodes
+        start = time.perf_counter()
+        hits = 0
+        if self.cache is not None:
+            hits_before = self.cache.stats.hits
+            x = self.cache.read(ids, request.degree[: ids.size])
+            hits = self.cache.stats.hits - hits_before
+        else:
+            x = self.store.get_valid(ids)
+        fetched = time.perf_counter()
+        batch = MiniBatch(subgraph, x, torch.tensor(request.gcn_degree))  # Ray's copy is read-only
+        logits, embedding = self.runner.forward(batch)
+        done = time.perf_counter()
+        return InferenceOutput(
+            logits,
+            embedding,
+            subgraph.seed_rows,
+            (fetched - start) * 1e3,
+            (done - fetched) * 1e3,
+            hits,
+            int(ids.size) - hits,
+            0,
+            0,
+            0,
+            False,
+            0,
+        )

@@ -1,0 +1,109 @@
+"""FunctionInstance: one function instance, a Ray actor in its own process.
+
+Its cold start is what a FaaS platform's is: a new process (Ray starts a worker), the imports,
+then in ``__init__`` joining a memory cgroup with the instance capacity (as Docker enforces a
+container's memory limit: exceeding it gets the process OOM-killed), opening the remote store
+and loading the model. ``ready`` reports how long the steps inside the process took; the pool
+measures the whole launch-to-ready time.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import ray
+
+from gnnserve.deploy.faas.cgroup import cgroup_support, join_memory_cgroup
+from gnnserve.deploy.faas.function import (
+    FunctionSpec,
+    InferenceFunction,
+    InferenceOutput,
+    SampledRequest,
+    SampleFunction,
+)
+from gnnserve.errors import InvalidInputError
+
+log = logging.getLogger(__name__)
+KINDS = ("sample", "infer")
+_MB = 1 << 20
+
+
+@dataclass
+class Startup:
+    """What an instance's cold start did inside its process (milliseconds, bytes)."""
+
+    pid: int  # the instance's process
+    cgroup_ms: float  # creating and joining the memory cgroup
+    init_ms: float  # opening the store, loading the model (and downloads in full-fetch mode)
+    limited: bool  # a cgroup enforces the capacity
+    rss_bytes: int  # resident memory once ready
+
+
+class FunctionInstance:
+    """A ``kind`` ("sample" | "infer") instance built from ``spec``, named ``name`` (its cgroup)."""
+
+    def __init__(self, kind: str, spec: FunctionSpec, name: str) -> None:
+        if kind not in KINDS:
+            raise InvalidInputError(f"instance kind must be one of {KINDS}, got {kind!r}", "kind")
+        start = time.perf_counter()
+        self.cgroup = None
+        if spec.memory_mb:
+            reason = cgroup_support()
+            if reason is None:
+                self.cgroup = join_memory_cgroup(name, spec.memory_mb * _MB)
+            else:
+                log.warning("instance %s runs without a memory limit: %s", name, reason)
+        joined = time.perf_counter()
+        self.function: SampleFunction | InferenceFunction = (
+            SampleFunction(spec) if kind == "sample" else InferenceFunction(spec)
+        )
+        done = time.perf_counter()
+        self.startup = Startup(
+            os.getpid(),
+            (joined - start) * 1e3,
+            (done - joined) * 1e3,
+            self.cgroup is not None,
+            _rss(),
+        )
+
+    def ready(self) -> Startup:
+        """The cold start's steps (the pool waits for this call)."""
+        return self.startup
+
+    def sample(self, payload: tuple[np.ndarray, int | None]) -> SampledRequest:
+        """Sample instances: the computation graph of (seeds, rng_seed)."""
+        assert isinstance(self.function, SampleFunction)
+        seeds, rng_seed = payload
+        return self.function.sample(seeds, rng_seed)
+
+    def infer(self, request: SampledRequest) -> InferenceOutput:
+        """Inference instances: the outputs of a sampled request."""
+        assert isinstance(self.function, InferenceFunction)
+        return self.function.infer(request)
+
+    def memory(self) -> dict[str, int]:
+        """Resident bytes now and, under a cgroup, its peak and OOM kill count."""
+        out = {"rss_bytes": _rss()}
+        if self.cgroup is not None:
+            out["peak_bytes"] = self.cgroup.max_usage_bytes
+            out["limit_bytes"] = self.cgroup.limit_bytes
+        return out
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+# one call at a time (an actor's default), never restarted: the pool replaces dead instances
+RemoteInstance: Any = ray.remote(num_cpus=0, max_restarts=0)(FunctionInstance)
+
+
+def launch(kind: str, spec: FunctionSpec, name: str) -> Any:
+    """Start instance ``name`` as a Ray actor (returns its handle at once; ``ready`` waits)."""
+    return RemoteInstance.remote(kind, spec, name)

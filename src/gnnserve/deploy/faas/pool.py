@@ -1,0 +1,267 @@
+"""FunctionPool: the instances of one function (Ray actors) driven by the scheduler.
+
+A pool turns :mod:`~gnnserve.deploy.faas.scheduler` decisions into Ray calls: ``Launch``
+creates an actor (a cold start: a new process, imports, model load, store open) and asks it
+``ready``; ``Run`` calls the function on a warm actor; ``Stop`` kills one (keep-alive expiry:
+scale to zero). Every scheduler event (arrival, ready, done, failure, keep-alive tick) is
+handled on one reactor thread, so the scheduler needs no lock; Ray completion callbacks only
+enqueue events. An actor that dies (OOM-killed by its cgroup, crashed) fails the request it was
+running with :class:`InstanceFailedError` and is replaced by the scheduler.
+
+Instance memory is billed as a FaaS platform bills it: configured capacity x lifetime (GB·s),
+from the launch until the stop.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+import ray
+
+from gnnserve.deploy.faas.scheduler import Launch, Run, Scheduler, Stop
+from gnnserve.errors import GnnServeError
+
+log = logging.getLogger(__name__)
+
+MAX_START_FAILURES = 2  # consecutive failed cold starts before waiting requests fail
+ActorFactory = Callable[[int], Any]  # instance id -> Ray actor handle (not started yet)
+
+
+class InstanceFailedError(GnnServeError):
+    """The instance running a request died (killed for memory, crashed): HTTP 503."""
+
+    status = 503
+
+
+@dataclass
+class PoolStats:
+    """What a pool did, for metrics and the benchmark (times in seconds)."""
+
+    cold_starts: int = 0  # instances launched
+    cold_start_s: list[float] = field(default_factory=list)  # launch -> ready, per instance
+    failures: int = 0  # instances that died
+    gb_seconds: float = 0.0  # capacity x lifetime of stopped instances (running ones: live_gb_s)
+    completed: int = 0  # requests answered
+
+
+@dataclass
+class _Instance:
+    handle: Any
+    launched_s: float
+    ready_s: float | None = None
+
+
+class FunctionPool:
+    """Instances of one function: ``factory(i)`` makes actor i, ``method`` is the function it
+    runs on a request's payload, ``memory_gb`` each instance's capacity (for GB·s)."""
+
+    def __init__(
+        self,
+        name: str,
+        factory: ActorFactory,
+        method: str,
+        scheduler: Scheduler,
+        memory_gb: float,
+        tick_s: float = 0.5,
+    ) -> None:
+        self.name = name
+        self.scheduler = scheduler
+        self.stats = PoolStats()
+        self._factory = factory
+        self._method = method
+        self._memory_gb = memory_gb
+        self._tick_s = tick_s
+        self._instances: dict[int, _Instance] = {}
+        self._requests: dict[int, tuple[Any, Future[Any]]] = {}
+        self._next_request = 0
+        self._id_lock = threading.Lock()
+        self._events: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._react, name=f"faas-{name}", daemon=True)
+        self._closed = False
+        self._start_failures = 0  # consecutive failed cold starts
+        self._thread.start()
+
+    # public -----------------------------------------------------------------------------
+    def submit(self, payload: Any) -> Future[Any]:
+        """Run the function on ``payload`` on some instance; the future holds its result."""
+        future: Future[Any] = Future()
+        with self._id_lock:
+            if self._closed:
+                raise RuntimeError(f"pool {self.name} is shut down")
+            request = self._next_request
+            self._next_request += 1
+        self._events.put(("arrive", (request, payload, future)))
+        return future
+
+    def shutdown(self, timeout_s: float = 30.0) -> None:
+        """Stop every instance and the reactor; requests still waiting fail."""
+        with self._id_lock:
+            self._closed = True
+        self._events.put(("shutdown", None))
+        self._thread.join(timeout_s)
+
+    def ask_warm(self, method: str, timeout_s: float = 60.0) -> list[Any]:
+        """Call ``method`` (no arguments) on every warm instance; their answers."""
+        handles = [i.handle for i in list(self._instances.values()) if i.ready_s is not None]
+        return ray.get([getattr(h, method).remote() for h in handles], timeout=timeout_s)
+
+    @property
+    def size(self) -> int:
+        """Instances alive (starting or warm)."""
+        return len(self._instances)
+
+    def live_gb_seconds(self) -> float:
+        """GB·s billed so far, running instances included."""
+        now = time.monotonic()
+        live = sum(now - inst.launched_s for inst in list(self._instances.values()))
+        return self.stats.gb_seconds + live * self._memory_gb
+
+    # reactor ----------------------------------------------------------------------------
+    def _react(self) -> None:
+        next_tick = time.monotonic() + self._tick_s
+        while True:
+            try:
+                kind, data = self._events.get(timeout=max(0.0, next_tick - time.monotonic()))
+            except queue.Empty:
+                kind, data = "tick", None
+            now = time.monotonic()
+            if kind == "shutdown":
+                self._shutdown(now)
+                return
+            try:
+                self._execute(self._handle(kind, data, now), now)
+            except Exception:  # noqa: BLE001 - the reactor must survive a bad event
+                log.exception("faas pool %s: event %s failed", self.name, kind)
+            if now >= next_tick:
+                next_tick = now + self._tick_s
+
+    def _handle(self, kind: str, data: Any, now: float) -> list[Launch | Run | Stop]:
+        sched = self.scheduler
+        if kind == "arrive":
+            request, payload, future = data
+            self._requests[request] = (payload, future)
+            return sched.arrive(request, now)
+        if kind == "ready":
+            instance, outcome = data
+            if isinstance(outcome, BaseException):
+                return self._failed_start(instance, outcome, now)
+            self._start_failures = 0
+            self._instances[instance].ready_s = now
+            self.stats.cold_start_s.append(now - self._instances[instance].launched_s)
+            return sched.ready(instance, now)
+        if kind == "done":
+            instance, request, outcome = data
+            payload_future = self._requests.pop(request, None)
+            if isinstance(outcome, ray.exceptions.RayActorError):
+                if payload_future is not None:
+                    self._requests[request] = payload_future  # failed() reports it below
+                return self._fail(instance, outcome, now)
+            if payload_future is not None:
+                _settle(payload_future[1], outcome)
+                self.stats.completed += 1
+            return sched.done(instance, now)
+        return sched.tick(now)
+
+    def _failed_start(
+        self, instance: int, cause: BaseException, now: float
+    ) -> list[Launch | Run | Stop]:
+        """A cold start failed. Twice in a row: the waiting requests fail with the reason
+        instead of waiting for replacements that would fail the same way."""
+        self._start_failures += 1
+        if self._start_failures >= MAX_START_FAILURES:
+            error = InstanceFailedError(
+                f"{self.name} instances fail to start ({_reason(cause)})", "instance"
+            )
+            for request in self.scheduler.drop_waiting():
+                entry = self._requests.pop(request, None)
+                if entry is not None and not entry[1].done():
+                    entry[1].set_exception(error)
+        return self._fail(instance, cause, now)
+
+    def _fail(self, instance: int, cause: BaseException, now: float) -> list[Launch | Run | Stop]:
+        self.stats.failures += 1
+        log.warning("faas pool %s: instance %d died: %s", self.name, instance, cause)
+        self._retire(instance, now)
+        outcome = self.scheduler.failed(instance, now)
+        for request in outcome.failed:
+            entry = self._requests.pop(request, None)
+            if entry is not None:
+                error = InstanceFailedError(
+                    f"the {self.name} instance running this request died ({_reason(cause)}); "
+                    "it was replaced: retry",
+                    "instance",
+                )
+                entry[1].set_exception(error)
+        return outcome.actions
+
+    def _execute(self, actions: list[Launch | Run | Stop], now: float) -> None:
+        for action in actions:
+            if isinstance(action, Launch):
+                self._launch(action.instance, now)
+            elif isinstance(action, Run):
+                self._run(action.instance, action.request)
+            else:
+                self._retire(action.instance, now)
+
+    def _launch(self, instance: int, now: float) -> None:
+        self.stats.cold_starts += 1
+        handle = self._factory(instance)
+        self._instances[instance] = _Instance(handle, now)
+        ref = handle.ready.remote()
+        ref.future().add_done_callback(
+            lambda f: self._events.put(("ready", (instance, _outcome(f))))
+        )
+
+    def _run(self, instance: int, request: int) -> None:
+        payload, _ = self._requests[request]
+        ref = getattr(self._instances[instance].handle, self._method).remote(payload)
+        ref.future().add_done_callback(
+            lambda f: self._events.put(("done", (instance, request, _outcome(f))))
+        )
+
+    def _retire(self, instance: int, now: float) -> None:
+        inst = self._instances.pop(instance, None)
+        if inst is None:
+            return
+        self.stats.gb_seconds += (now - inst.launched_s) * self._memory_gb
+        with contextlib.suppress(Exception):  # already dead
+            ray.kill(inst.handle, no_restart=True)
+
+    def _shutdown(self, now: float) -> None:
+        for instance in list(self._instances):
+            self._retire(instance, now)
+        for _, future in self._requests.values():
+            if not future.done():
+                future.set_exception(RuntimeError(f"pool {self.name} shut down"))
+        self._requests.clear()
+
+
+def _outcome(future: Future[Any]) -> Any:
+    """A Ray future's result, or the exception it raised."""
+    try:
+        return future.result()
+    except BaseException as exc:  # noqa: BLE001 - handed to the reactor as a value
+        return exc
+
+
+def _settle(future: Future[Any], outcome: Any) -> None:
+    if future.done():
+        return
+    if isinstance(outcome, BaseException):
+        cause = outcome.cause if isinstance(outcome, ray.exceptions.RayTaskError) else outcome
+        future.set_exception(cause if isinstance(cause, BaseException) else outcome)
+    else:
+        future.set_result(outcome)
+
+
+def _reason(cause: BaseException) -> str:
+    text = str(cause).strip().splitlines()
+    return text[0][:200] if text else type(cause).__name__

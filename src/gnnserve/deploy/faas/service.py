@@ -1,0 +1,153 @@
+"""FaaSService: sample instances feeding inference instances, each pool load-aware scheduled.
+
+A request (seeds) goes to the sample function's pool; its :class:`SampledRequest` then goes to
+the inference function's pool (FaaS-GNN §4.1: the subgraph passes from one instance to the
+other); the answer carries the outputs and what the request cost (fetches, cache, memory,
+time per stage). Both pools start empty and scale to zero after ``keep_alive_s`` idle.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from gnnserve.deploy.faas.function import FunctionSpec, InferenceOutput, SampledRequest
+from gnnserve.deploy.faas.instance import launch
+from gnnserve.deploy.faas.pool import FunctionPool
+from gnnserve.deploy.faas.scheduler import Scheduler
+from gnnserve.deploy.ray import start_ray, stop_ray
+
+_GB = float(1 << 30)
+
+
+@dataclass
+class FaaSResult:
+    """One request's answer and its costs."""
+
+    output: InferenceOutput  # logits, embeddings, inference-side costs
+    sample: SampledRequest  # its computation graph and the topology fetches
+    latency_ms: float  # submit to answer, queueing and cold starts included
+
+
+class FaaSService:
+    """Sample and inference pools for ``spec`` (the inference capacity ``spec.memory_mb``,
+    sample instances ``sample_memory_mb``) under scheduler ``policy``."""
+
+    def __init__(
+        self,
+        spec: FunctionSpec,
+        policy: str = "load_aware",
+        keep_alive_s: float = 600.0,
+        max_instances: int | None = None,
+        sample_memory_mb: int | None = None,
+    ) -> None:
+        self.spec = spec
+        self._started_ray = start_ray(num_cpus=max(2, (max_instances or 4) * 2))
+        self._names = itertools.count()
+        sample_spec = replace(
+            spec, memory_mb=spec.memory_mb if sample_memory_mb is None else sample_memory_mb
+        )
+        self.sampler = self._pool("sample", sample_spec, policy, keep_alive_s, max_instances)
+        self.inference = self._pool("infer", spec, policy, keep_alive_s, max_instances)
+        self._lock = threading.Lock()
+
+    def _pool(
+        self,
+        kind: str,
+        spec: FunctionSpec,
+        policy: str,
+        keep_alive_s: float,
+        max_instances: int | None,
+    ) -> FunctionPool:
+        tag = f"{os_tag()}-{kind}"
+
+        def factory(instance: int) -> Any:
+            return launch(kind, spec, f"{tag}-{instance}-{next(self._names)}")
+
+        scheduler = Scheduler(policy, keep_alive_s=keep_alive_s, max_instances=max_instances)
+        capacity_gb = (spec.memory_mb or 0) / 1024.0
+        return FunctionPool(kind, factory, kind, scheduler, capacity_gb)
+
+    def submit(self, seeds: np.ndarray, rng_seed: int | None = None) -> Future[FaaSResult]:
+        """Answer ``seeds`` (valid int64 ids) through both pools; the future holds the result."""
+        start = time.perf_counter()
+        outer: Future[FaaSResult] = Future()
+        sampled = self.sampler.submit((np.asarray(seeds, dtype=np.int64), rng_seed))
+
+        def on_sampled(f: Future[SampledRequest]) -> None:
+            error = f.exception()
+            if error is not None:
+                outer.set_exception(error)
+                return
+            request = f.result()
+            inferred = self.inference.submit(request)
+
+            def on_inferred(g: Future[InferenceOutput]) -> None:
+                exc = g.exception()
+                if exc is not None:
+                    outer.set_exception(exc)
+                    return
+                latency = (time.perf_counter() - start) * 1e3
+                outer.set_result(FaaSResult(g.result(), request, latency))
+
+            inferred.add_done_callback(on_inferred)
+
+        sampled.add_done_callback(on_sampled)
+        return outer
+
+    def predict(
+        self, seeds: np.ndarray, rng_seed: int | None = None, timeout_s: float = 120.0
+    ) -> FaaSResult:
+        """:meth:`submit` and wait."""
+        return self.submit(seeds, rng_seed).result(timeout_s)
+
+    def instance_memory(self) -> dict[str, list[dict[str, int]]]:
+        """Each warm instance's memory (``FunctionInstance.memory``), per pool."""
+        return {
+            "sample": self.sampler.ask_warm("memory"),
+            "infer": self.inference.ask_warm("memory"),
+        }
+
+    def wait_scaled_to_zero(self, timeout_s: float) -> bool:
+        """Block until keep-alive stopped every instance (or ``timeout_s``); True when it did."""
+        deadline = time.monotonic() + timeout_s
+        while self.sampler.size + self.inference.size:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.2)
+        return True
+
+    def summary(self) -> dict[str, float | int]:
+        """Cold starts, mean cold-start seconds, instance failures, steals and GB·s so far."""
+        pools = (self.sampler, self.inference)
+        cold = [s for p in pools for s in p.stats.cold_start_s]
+        return {
+            "cold_starts": sum(p.stats.cold_starts for p in pools),
+            "cold_start_mean_s": float(sum(cold) / len(cold)) if cold else 0.0,
+            "failures": sum(p.stats.failures for p in pools),
+            "steals": sum(p.scheduler.steals for p in pools),
+            "gb_seconds": self.gb_seconds(),
+        }
+
+    def gb_seconds(self) -> float:
+        """Instance memory billed so far (capacity x lifetime, both pools), GB·s."""
+        return self.sampler.live_gb_seconds() + self.inference.live_gb_seconds()
+
+    def shutdown(self) -> None:
+        """Stop every instance (and the Ray instance when this service started it)."""
+        self.sampler.shutdown()
+        self.inference.shutdown()
+        stop_ray(self._started_ray)
+
+
+def os_tag() -> str:
+    """A per-process prefix for instance names (cgroup names must not collide across runs)."""
+    import os
+
+    return f"p{os.getpid()}"
