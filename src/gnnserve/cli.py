@@ -247,6 +247,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_lazy("gnnserve.demo", "run"))
     p = sub.add_parser("log", help="verify or repair a graph update log (serve --update-log)")
     logtool.add_arguments(p)
+    p = sub.add_parser("faas", help="serverless deployment (serve --deploy faas) tools")
+    faas = p.add_subparsers(dest="faas_command", required=True)
+    q = faas.add_parser("profile", help="train a model's memory predictor on a published store")
+    q.add_argument("--remote", required=True, help="published store URL (s3://... or a path)")
+    q.add_argument("--model", required=True, help="checkpoint directory (predictor saved there)")
+    q.add_argument("--fanouts", default="10,10", help="sampling fanouts, as serve uses them")
+    q.add_argument("--requests", type=int, default=200, help="requests to profile")
+    q.add_argument("--seed", type=int, default=0)
+    q.set_defaults(func=_lazy("gnnserve.deploy.faas.profile", "run"))
     return parser
 
 

@@ -1,0 +1,41 @@
+"""gnnserve faas profile: trains and saves the memory predictor that inference instances load."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gnnserve.cli import main
+from gnnserve.data.blobs import open_blobs
+from gnnserve.deploy.faas.function import FunctionSpec
+from gnnserve.deploy.faas.profile import profile_predictor
+from gnnserve.graph.remote import RemoteCSR
+from gnnserve.models.memory import MemoryPredictor, request_features
+from gnnserve.sampling.ondemand import OnDemandSampler
+from tests.conftest import make_checkpoint
+
+
+def test_profile_saves_a_predictor_for_the_model(small_store: Path, tmp_path: Path) -> None:
+    ckpt = make_checkpoint(small_store, tmp_path / "gcn", arch="gcn")
+    report = profile_predictor(FunctionSpec(small_store.as_uri(), str(ckpt), (5, 5)), requests=40)
+    assert report["train"] == 30 and report["held_out"] == 10
+    assert 0 <= report["mean_rel_error"] <= report["max_rel_error"]
+    predictor = MemoryPredictor.load(ckpt)
+    sub = OnDemandSampler(RemoteCSR(open_blobs(str(small_store))), [5, 5]).sample(np.array([1]))
+    assert np.isfinite(predictor.predict(request_features(sub.subgraph))).all()
+
+
+def test_profile_command_prints_the_report(
+    small_store: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ckpt = make_checkpoint(small_store, tmp_path / "sage")
+    argv = ["faas", "profile", "--remote", str(small_store), "--model", str(ckpt)]
+    assert main([*argv, "--fanouts", "4,4", "--requests", "24"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert Path(report["saved"]).exists() and report["held_out"] == 6
+    shutil.rmtree(ckpt)
+    assert main([*argv, "--requests", "24"]) == 2  # missing checkpoint: a clear error, exit 2
