@@ -1,0 +1,52 @@
+"""`gnnserve serve --deploy faas` over HTTP: the same answers as `local`, served by function
+instances reading the store by byte ranges; FaaS metrics on /metrics; clear refusals."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from gnnserve.cli import main
+from tests.deploy.servers import metric, predict, served
+
+pytestmark = [pytest.mark.slow, pytest.mark.distributed]
+
+# full neighbourhoods: the sample is deterministic, so both servers must agree exactly
+FANOUTS = ["--fanouts=-1,-1"]
+NODES = [0, 7, 7, 123, 1999, 42, 500]
+
+
+def _probs(base: str, nodes: list[int]) -> np.ndarray:
+    body = predict(base, {"nodes": nodes, "output": "probs"})
+    return np.asarray(body["predictions"], dtype=np.float64)
+
+
+def test_faas_answers_equal_local_and_report_metrics(small_store: Path, small_ckpt: Path) -> None:
+    faas_flags = [*FANOUTS, "--deploy", "faas", "--remote", small_store.as_uri()]
+    with (
+        served(small_store, small_ckpt, *FANOUTS) as local,
+        served(small_store, small_ckpt, *faas_flags, "--keep-alive-s", "120") as faas,
+    ):
+        want = _probs(local, NODES)
+        np.testing.assert_allclose(_probs(faas, NODES), want, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(_probs(faas, NODES), want, rtol=1e-5, atol=1e-6)  # warm
+        assert metric(faas, "gnnserve_deploy_faas_infer_cold_starts") == 1
+        assert metric(faas, "gnnserve_deploy_faas_sample_cold_starts") == 1
+        assert metric(faas, "gnnserve_deploy_faas_cache_hit_rate") > 0  # the repeat hit
+        assert metric(faas, "gnnserve_deploy_faas_topology_bytes") > 0
+        assert metric(faas, "gnnserve_deploy_faas_infer_instances_idle") == 1
+        r = httpx.post(f"{faas}/v1/predict", json={"nodes": [1], "fanouts": [2, 2]}, timeout=30)
+        assert r.status_code == 400 and "fanouts" in r.json()["error"]["message"]
+        r = httpx.post(f"{faas}/v1/predict", json={"nodes": [2000]}, timeout=30)
+        assert r.status_code == 400  # out of range, refused at the gateway
+
+
+def test_faas_refuses_a_missing_remote_store(
+    small_ckpt: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["serve", "--deploy", "faas", "--remote", str(tmp_path / "none"), "--model"]
+    assert main([*argv, str(small_ckpt), "--port", "0"]) == 2
+    assert "meta.json" in capsys.readouterr().err
