@@ -192,6 +192,22 @@ def test_death_during_cold_start_launches_a_replacement(policy: str) -> None:
     assert s.failed(1, 4.0) == type(failure)([], []) and s.n_containers == 0
 
 
+@pytest.mark.parametrize("policy", ["load_aware", "naive"])
+def test_drop_waiting_forgets_every_request_not_running(policy: str) -> None:
+    s = Scheduler(policy, max_instances=2)
+    s.arrive(0, 0.0)
+    s.arrive(1, 1.0)
+    s.ready(0, 2.0)  # r0 runs on 0
+    s.arrive(2, 3.0)  # load_aware: queued on 0; naive: temporary (at the cap)
+    s.arrive(3, 4.0)
+    assert sorted(s.drop_waiting()) == [1, 2, 3]
+    view = s.view()
+    assert view.n_requests == 1 and view.temporary == view.reserved == 0
+    assert not any(view.queue_lengths.values())
+    assert s.ready(1, 5.0) == []  # nothing left for it
+    assert s.arrive(2, 6.0) == [Run(1, 2)]  # a dropped id may arrive again
+
+
 def test_bad_arguments_and_events() -> None:
     with pytest.raises(InvalidInputError, match="fifo") as err:
         Scheduler("fifo")

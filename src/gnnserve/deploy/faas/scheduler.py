@@ -294,6 +294,7 @@ class Scheduler:
                 inst.reserved = None
             dropped += inst.queue
             inst.queue.clear()
+        self._live.difference_update(dropped)  # no longer counted in n_requests
         return dropped
 
     def tick(self, now: float) -> list[Action]:
