@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from functools import partial
 from concurrent.futures import Future
+from functools import partial
 
 import numpy as np
 

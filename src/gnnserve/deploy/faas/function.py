@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -140,8 +140,9 @@ class InferenceFunction:
     """Reads a request's input features (adaptive cache in front of the store) and runs the
     model, keeping the instance under ``spec.memory_mb``."""
 
-    def __init__(self, spec: FunctionSpec) -> None:
+    def __init__(self, spec: FunctionSpec, usage: Callable[[], int] = resident_bytes) -> None:
         self.spec = spec
+        self.usage = usage  # memory charged against the capacity now, bytes (cgroup or RSS)
         self.blobs = open_blobs(spec.remote, spec.options or None)
         meta = layout.parse_meta(self.blobs.get(layout.META).decode(), spec.remote)
         store: FeatureStore
@@ -154,7 +155,9 @@ class InferenceFunction:
         self.cache = AdaptiveFeatureCache(store) if spec.cache and spec.fetch != "full" else None
         ckpt = load_checkpoint(spec.model)
         self.runner = ModelRunner(ckpt.model, ckpt.version)
-        self.predictor = MemoryPredictor.load_if_present(spec.model) if self.cache else None
+        self.predictor = (
+            MemoryPredictor.load_if_present(spec.model) if self.cache is not None else None
+        )
         self.capacity = spec.memory_mb * _MB
 
     def infer(self, request: SampledRequest) -> InferenceOutput:
@@ -181,14 +184,14 @@ class InferenceFunction:
     def _make_room(self, request: SampledRequest, predicted: int) -> int:
         if self.cache is None or not self.capacity:
             return 0
-        budget = self.capacity - (resident_bytes() - self.cache.nbytes) - predicted
+        budget = self.capacity - (self.usage() - self.cache.nbytes) - predicted
         ids = request.subgraph.input_nodes
         return self.cache.prepare(ids, request.degree[: ids.size], max(0, budget))
 
     def _would_overflow(self, predicted: int, measured: int) -> bool:
         """The measured peak exceeded the prediction by enough that, with the cache kept, a
         request like it would push the instance past its capacity."""
-        return measured > predicted and resident_bytes() + (measured - predicted) > self.capacity
+        return measured > predicted and self.usage() + (measured - predicted) > self.capacity
 
     def _run(self, request: SampledRequest) -> InferenceOutput:
         subgraph = request.subgraph

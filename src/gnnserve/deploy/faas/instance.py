@@ -59,9 +59,14 @@ class FunctionInstance:
             else:
                 log.warning("instance %s runs without a memory limit: %s", name, reason)
         joined = time.perf_counter()
-        self.function: SampleFunction | InferenceFunction = (
-            SampleFunction(spec) if kind == "sample" else InferenceFunction(spec)
-        )
+        self.function: SampleFunction | InferenceFunction
+        if kind == "sample":
+            self.function = SampleFunction(spec)
+        elif self.cgroup is not None:  # budgets in what the limit counts: the cgroup's usage
+            group = self.cgroup
+            self.function = InferenceFunction(spec, usage=lambda: group.usage_bytes)
+        else:
+            self.function = InferenceFunction(spec)
         done = time.perf_counter()
         self.startup = Startup(
             os.getpid(),

@@ -97,7 +97,8 @@ def run(args: argparse.Namespace) -> int:
     """``gnnserve faas profile``: print the held-out errors as JSON."""
     from gnnserve.fanouts import parse_fanouts
 
-    spec = FunctionSpec(args.remote, args.model, tuple(parse_fanouts(args.fanouts, "--fanouts")))
+    fanouts = parse_fanouts(args.fanouts, "--fanouts") or []
+    spec = FunctionSpec(args.remote, args.model, tuple(fanouts))
     report = profile_predictor(spec, None, args.requests, args.seed)
     print(json.dumps(report, indent=2))
     return 0

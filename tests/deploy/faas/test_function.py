@@ -1,0 +1,75 @@
+"""The inference function's memory rules (FaaS-GNN §4.3), in process: the cache fills free
+memory, a prediction that leaves no room evicts, a misprediction that would overflow the
+capacity clears the cache and runs the request again (with the same answer)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from gnnserve.data.writer import GraphData, write_store
+from gnnserve.deploy.faas.function import FunctionSpec, InferenceFunction, SampleFunction
+from gnnserve.models.memory import MemoryPredictor
+from tests.conftest import make_checkpoint, random_simple_graph
+
+MB = 1 << 20
+
+
+def _setup(tmp_path: Path) -> tuple[Path, Path]:
+    n = 6000
+    x = np.random.default_rng(0).standard_normal((n, 256), dtype=np.float32)
+    store = tmp_path / "store"
+    write_store(GraphData("g", n, random_simple_graph(n, 120_000, 0), x), store)
+    return store, make_checkpoint(store, tmp_path / "ckpt", arch="gcn")
+
+
+def _predictor(ckpt: Path, bytes_: float) -> None:
+    """A predictor that answers about ``bytes_`` for every request (trained on a constant)."""
+    X = np.random.default_rng(0).uniform(1, 5000, (64, 6))
+    MemoryPredictor(2).fit(X, np.full(64, bytes_), epochs=300).save(ckpt)
+
+
+def _usage(base: int, cache: list[InferenceFunction]) -> int:
+    """Instance memory as a capacity counts it: a fixed runtime plus what the cache holds."""
+    return base + (cache[0].cache.nbytes if cache and cache[0].cache is not None else 0)
+
+
+def test_cache_fills_then_a_misprediction_clears_it_and_reruns(tmp_path: Path) -> None:
+    store, ckpt = _setup(tmp_path)
+    _predictor(ckpt, 1.0)  # predicts ~nothing: every request is a misprediction
+    spec = FunctionSpec(store.as_uri(), str(ckpt), (-1, 10), memory_mb=64)
+    sampler = SampleFunction(spec)
+    holder: list[InferenceFunction] = []
+    fn = InferenceFunction(spec, usage=lambda: _usage(40 * MB, holder))
+    holder.append(fn)
+    assert fn.cache is not None
+    small = fn.infer(sampler.sample(np.array([1]), rng_seed=0))  # a few hundred KB
+    assert not small.reran and len(fn.cache) > 0
+    # a request whose measured peak (tens of MB) would, with the cache kept, pass 64 MB
+    big_request = sampler.sample(np.arange(0, 6000, 3), rng_seed=1)
+    big = fn.infer(big_request)
+    assert big.reran and fn.cache.stats.clears == 1
+    assert big.measured_bytes > big.predicted_bytes
+    # the rerun answers exactly what a fresh instance without a cache answers
+    plain = InferenceFunction(FunctionSpec(store.as_uri(), str(ckpt), (-1, 10), cache=False))
+    torch.testing.assert_close(big.logits, plain.infer(big_request).logits)
+
+
+def test_a_large_prediction_evicts_and_an_exact_one_does_not_rerun(tmp_path: Path) -> None:
+    store, ckpt = _setup(tmp_path)
+    _predictor(ckpt, 30 * MB)
+    spec = FunctionSpec(store.as_uri(), str(ckpt), (-1, 10), memory_mb=64)
+    sampler = SampleFunction(spec)
+    holder: list[InferenceFunction] = []
+    fn = InferenceFunction(spec, usage=lambda: _usage(30 * MB, holder))
+    holder.append(fn)
+    assert fn.cache is not None
+    for i in range(6):
+        out = fn.infer(sampler.sample(np.arange(i * 500, i * 500 + 12), rng_seed=i))
+        assert out.misses * fn.cache.entry_bytes < 4 * MB  # its own rows fit the budget
+        assert not out.reran  # predicted 30 MB >= measured: no misprediction
+        # budget: 64 MB - 30 MB runtime - the prediction (about 30 MB) for the cache
+        assert fn.cache.nbytes <= 64 * MB - 30 * MB - out.predicted_bytes
+    assert fn.cache.stats.evictions > 0
