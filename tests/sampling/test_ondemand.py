@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from gnnserve.data.blobs import open_blobs
+from gnnserve.data.publish import publish
 from gnnserve.data.writer import GraphData, write_store
 from gnnserve.errors import InvalidInputError
 from gnnserve.graph import open_graph_store
@@ -35,8 +36,16 @@ def test_equals_the_local_sampler(small_store: Path, fanouts: list[int]) -> None
         np.testing.assert_array_equal(got.degree, graph.in_degree(got.subgraph.nodes))
 
 
-def test_each_vertex_is_expanded_once(small_store: Path) -> None:
-    sampler = OnDemandSampler(RemoteCSR(open_blobs(small_store.as_uri())), [4, 4])
+@pytest.fixture(scope="module")
+def published(small_store: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """small_store published to a directory: with its self-loop table."""
+    out = tmp_path_factory.mktemp("published")
+    publish(small_store, str(out), progress=False)
+    return out
+
+
+def test_each_vertex_is_expanded_once(published: Path) -> None:
+    sampler = OnDemandSampler(RemoteCSR(open_blobs(str(published))), [4, 4])
     got = sampler.sample(np.array([11, 12]), rng_seed=1)
     blocks = got.subgraph.blocks
     # hop 0 expands the seeds, hop 1 the nodes hop 0 reached; the last round reads degrees only
@@ -49,7 +58,8 @@ def _store(tmp: Path, n: int, seed: int) -> Path:
     x = np.zeros((n, 4), dtype=np.float32)
     out = tmp / f"g{n}"
     write_store(GraphData(f"g{n}", n, ei, x), out)
-    return out
+    publish(out, str(tmp / f"p{n}"), progress=False)
+    return tmp / f"p{n}"
 
 
 def test_bytes_read_follow_the_sample_not_the_graph(tmp_path: Path) -> None:
@@ -78,3 +88,22 @@ def test_bad_seeds_are_refused(small_store: Path) -> None:
         sampler.sample(np.array([2000]))
     with pytest.raises(InvalidInputError, match="empty"):
         sampler.sample(np.array([], dtype=np.int64))
+
+
+def test_without_a_loop_table_loops_are_counted_in_fetched_rows(tmp_path: Path) -> None:
+    """A store served where it was written (no self_loops.npy): the last hop's rows are read
+    whole and the self loops counted in them give the exact GCN degree."""
+    n = 500
+    ei = random_simple_graph(n, 4000, seed=3)
+    loops = np.array([[7, 7, 42], [7, 7, 42]])  # vertex 7 has two self loops, 42 one
+    write_store(
+        GraphData("loops", n, np.concatenate([ei, loops], axis=1), np.zeros((n, 2), np.float32)),
+        tmp_path / "s",
+    )
+    local = open_graph_store(tmp_path / "s")
+    sampler = OnDemandSampler(RemoteCSR(open_blobs(str(tmp_path / "s"))), [-1, -1])
+    got = sampler.sample(np.array([7, 42, 3]), rng_seed=0)
+    assert got.loops is not None and got.hops[-1].expanded > 0
+    assert got.loops[got.subgraph.seed_rows].tolist() == [2, 1, 0]  # the writer kept them
+    want = local.in_degree_without_self_loops()[got.subgraph.nodes]
+    np.testing.assert_array_equal(got.degree - got.loops, want)

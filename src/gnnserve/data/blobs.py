@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import abc
 import os
+import shutil
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -148,6 +149,14 @@ class LocalBlobStore(BlobStore):
         tmp.write_bytes(data)
         os.replace(tmp, path)
 
+    def put_file(self, name: str, path: Path) -> None:
+        """Copy ``path`` in (never whole in memory)."""
+        target = self._path(name)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(target.name + ".part")
+        shutil.copyfile(path, tmp)
+        os.replace(tmp, target)
+
     def names(self) -> list[str]:
         if not self.root.is_dir():
             return []
@@ -191,4 +200,16 @@ def open_blobs(url: str, options: Mapping[str, str] | None = None) -> BlobStore:
     location = resolve(url, "remote")
     if location.scheme == "file":
         return BLOB_STORES.create("file", str(url), location.path)
+    if location.scheme == "s3" and "s3" not in BLOB_STORES.names():
+        _import_s3()
     return BLOB_STORES.create(location.scheme, str(url), location, options)
+
+
+def _import_s3() -> None:
+    """Register the s3 backend (obstore is the optional ``faas`` extra)."""
+    try:
+        import gnnserve.data.s3  # noqa: F401
+    except ImportError as exc:
+        raise InvalidInputError(
+            f"s3:// stores need obstore ({exc}): pip install 'gnnserve[faas]'", "remote"
+        ) from exc

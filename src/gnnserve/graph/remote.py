@@ -18,10 +18,10 @@ import numpy as np
 
 from gnnserve.data import layout
 from gnnserve.data.blobs import BlobStore, coalesce
+from gnnserve.data.publish import SELF_LOOPS
 from gnnserve.errors import StoreFormatError
 from gnnserve.graph.base import GraphStore
 
-SELF_LOOPS = "self_loops.npy"  # sorted int64 ids of vertices with a self loop (one per loop)
 _INDPTR_BYTES = 8
 
 
@@ -121,19 +121,23 @@ class RemoteCSR:
         take = np.repeat(first - out_at, length) + np.arange(int(length.sum()), dtype=np.int64)
         return buf[take], m_lo.size, int(buf.size)
 
-    def gcn_degree(self, nodes: np.ndarray, degree: np.ndarray) -> np.ndarray:
-        """In-degree without self loops (float32) of ``nodes`` with in-degree ``degree``."""
-        if self.self_loops is None or self.self_loops.size == 0:
+    def gcn_degree(
+        self, nodes: np.ndarray, degree: np.ndarray, loops: np.ndarray | None = None
+    ) -> np.ndarray:
+        """In-degree without self loops (float32) of ``nodes`` with in-degree ``degree``;
+        ``loops`` (their self-loop counts, from their fetched rows) when the store has no loop
+        table (published by hand): then it is required."""
+        if loops is not None:
+            return (degree - loops).astype(np.float32)
+        if self.self_loops is None:
+            raise StoreFormatError(
+                f"{self.blobs.url} has no {SELF_LOOPS}: count loops in fetched rows", "remote"
+            )
+        if self.self_loops.size == 0:
             return degree.astype(np.float32)
         lo = np.searchsorted(self.self_loops, nodes, side="left")
         hi = np.searchsorted(self.self_loops, nodes, side="right")
         return (degree - (hi - lo)).astype(np.float32)
-
-
-def self_loop_ids(indptr: np.ndarray, indices: np.ndarray) -> np.ndarray:
-    """Sorted int64 ids of the vertices with a self loop, once per loop (``SELF_LOOPS``)."""
-    dst = np.repeat(np.arange(indptr.size - 1, dtype=np.int64), np.diff(indptr))
-    return np.sort(dst[np.asarray(indices) == dst])
 
 
 class RemoteGraphStore(GraphStore):
@@ -162,7 +166,14 @@ class RemoteGraphStore(GraphStore):
 
     def gcn_degree(self, ids: np.ndarray) -> np.ndarray:
         """In-degree without self loops of valid ``ids``, float32, read by byte ranges."""
-        return self.remote.gcn_degree(ids, self.remote.fetch_degrees(ids)[1])
+        if self.remote.self_loops is not None:
+            return self.remote.gcn_degree(ids, self.remote.fetch_degrees(ids)[1])
+        rows = self.remote.fetch_rows(ids)  # no loop table: count loops in the rows
+        owner = np.repeat(ids, rows.degree)
+        loops = np.bincount(
+            np.repeat(np.arange(ids.size), rows.degree)[rows.indices == owner], minlength=ids.size
+        )
+        return self.remote.gcn_degree(ids, rows.degree, loops)
 
     def neighbors(self, node: int) -> np.ndarray:
         """In-neighbours of one node, read by byte ranges (int64)."""

@@ -42,6 +42,7 @@ class FetchedSample:
     subgraph: SampledSubgraph  # blocks with local ids, as the local sampler returns them
     degree: np.ndarray  # int64 [len(subgraph.nodes)] full-graph in-degree of every node
     hops: list[HopFetch] = field(default_factory=list)  # one per hop, then the degree round
+    loops: np.ndarray | None = None  # int64 self loops per node, when counted from its row
 
     @property
     def requests(self) -> int:
@@ -137,17 +138,37 @@ class OnDemandSampler:
                 n_nodes = kernels.relabel(edges, nodes, n_nodes, local_id)
                 blocks.append(Block(torch.from_numpy(edges), n_src=n_nodes, n_dst=n_dst))
             outer = nodes[rows.count : n_nodes]
-            _, outer_degree, requests, nbytes = self.remote.fetch_degrees(outer)
-            hops.append(HopFetch(0, requests, nbytes))
+            if self.remote.self_loops is None:  # no loop table: whole rows give exact degrees
+                hops.append(self._expand(rows, outer))
+                degree = rows.degree
+            else:
+                _, outer_degree, requests, nbytes = self.remote.fetch_degrees(outer)
+                hops.append(HopFetch(0, requests, nbytes))
+                degree = np.concatenate([rows.degree, outer_degree])
         finally:
             kernels.reset_map(local_id, nodes, n_nodes)
         blocks.reverse()
         subgraph = SampledSubgraph(nodes[:n_nodes].copy(), blocks, num_seeds, seed_rows)
-        degree = np.concatenate([rows.degree, outer_degree])
-        return FetchedSample(subgraph, degree, hops)
+        return FetchedSample(subgraph, degree, hops, self._loops(rows, subgraph.nodes))
+
+    def _loops(self, rows: _Rows, nodes: np.ndarray) -> np.ndarray | None:
+        """Self loops per node, counted in the fetched rows (all rows are fetched when the
+        store has no loop table); None when the table answers instead."""
+        if self.remote.self_loops is not None:
+            return None
+        owner = np.repeat(np.arange(nodes.size), rows.degree)
+        flat = rows.indices[np.repeat(rows.row_start, rows.degree) + _ranks(rows.degree)]
+        return np.bincount(owner[flat == nodes[owner]], minlength=nodes.size)
 
     def _expand(self, rows: _Rows, new: np.ndarray) -> HopFetch:
         """Fetch the rows of ``new`` (the nodes after the first ``rows.count``) into ``rows``."""
         fetched = self.remote.fetch_rows(new)
         rows.add(fetched.degree, fetched.row_start, fetched.indices)
         return HopFetch(int(new.size), fetched.requests, fetched.bytes_read)
+
+
+def _ranks(counts: np.ndarray) -> np.ndarray:
+    """0..c-1 for each count c, concatenated."""
+    total = int(counts.sum())
+    starts = np.cumsum(counts) - counts
+    return np.arange(total, dtype=np.int64) - np.repeat(starts, counts)

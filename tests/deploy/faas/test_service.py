@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -101,5 +102,23 @@ def test_instance_over_its_memory_limit_is_killed_and_replaced(
         again = service.predict(np.array([5]), rng_seed=0)  # a replacement instance answers
         torch.testing.assert_close(again.output.logits, small.output.logits)
         assert service.inference.stats.cold_starts == 2
+    finally:
+        service.shutdown()
+
+
+def test_instances_read_an_s3_store(
+    ray_session: None, object_store: Any, small_store: Path, tmp_path: Path
+) -> None:
+    from gnnserve.data.publish import publish
+
+    url = f"s3://{object_store.bucket}/faas-service"
+    publish(small_store, url, object_store.options(), progress=False)
+    ckpt = make_checkpoint(small_store, tmp_path / "gcn", arch="gcn")
+    want = local_logits(small_store, ckpt, np.array([9, 10]), [4, 4], 3)
+    spec = FunctionSpec(url, str(ckpt), (4, 4), options=object_store.options())
+    service = FaaSService(spec, keep_alive_s=60.0)
+    try:
+        got = service.predict(np.array([9, 10]), rng_seed=3)
+        torch.testing.assert_close(got.output.logits, want, rtol=1e-5, atol=1e-5)
     finally:
         service.shutdown()

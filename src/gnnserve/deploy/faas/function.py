@@ -129,8 +129,14 @@ class SampleFunction:
             fetched = self._ondemand.sample(seeds, rng_seed)
             subgraph, degree = fetched.subgraph, fetched.degree
             requests, nbytes = fetched.requests, fetched.bytes_read
+            loops = fetched.loops
         inputs = subgraph.input_nodes
-        gcn = self.remote.gcn_degree(inputs, degree[: inputs.size])
+        if self._local is not None:
+            gcn = self._graph.gcn_degree(inputs)
+        else:
+            gcn = self.remote.gcn_degree(
+                inputs, degree[: inputs.size], None if loops is None else loops[: inputs.size]
+            )
         return SampledRequest(
             subgraph, degree, gcn, (time.perf_counter() - start) * 1e3, requests, nbytes
         )

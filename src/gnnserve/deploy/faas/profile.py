@@ -50,7 +50,9 @@ def profile_predictor(
     for i, v in enumerate(seeds):
         fetched = sampler.sample(np.array([v]), rng_seed=i)
         sub = fetched.subgraph
-        gcn = remote.gcn_degree(sub.input_nodes, fetched.degree[: sub.input_nodes.size])
+        k = sub.input_nodes.size
+        loops = None if fetched.loops is None else fetched.loops[:k]
+        gcn = remote.gcn_degree(sub.input_nodes, fetched.degree[:k], loops)
 
         def run(sub: Any = sub, gcn: np.ndarray = gcn) -> object:
             import torch
