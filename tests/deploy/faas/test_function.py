@@ -59,7 +59,7 @@ def test_cache_fills_then_a_misprediction_clears_it_and_reruns(tmp_path: Path) -
 
 def test_a_large_prediction_evicts_and_an_exact_one_does_not_rerun(tmp_path: Path) -> None:
     store, ckpt = _setup(tmp_path)
-    _predictor(ckpt, 30 * MB)
+    _predictor(ckpt, 24 * MB)
     spec = FunctionSpec(store.as_uri(), str(ckpt), (-1, 10), memory_mb=64)
     sampler = SampleFunction(spec)
     holder: list[InferenceFunction] = []
@@ -69,7 +69,7 @@ def test_a_large_prediction_evicts_and_an_exact_one_does_not_rerun(tmp_path: Pat
     for i in range(6):
         out = fn.infer(sampler.sample(np.arange(i * 500, i * 500 + 12), rng_seed=i))
         assert out.misses * fn.cache.entry_bytes < 4 * MB  # its own rows fit the budget
-        assert not out.reran  # predicted 30 MB >= measured: no misprediction
-        # budget: 64 MB - 30 MB runtime - the prediction (about 30 MB) for the cache
-        assert fn.cache.nbytes <= 64 * MB - 30 * MB - out.predicted_bytes
+        assert not out.reran  # predicted 24 MB >= measured: no misprediction
+        # budget: 90% of 64 MB - 30 MB runtime - the prediction (about 24 MB) for the cache
+        assert fn.cache.nbytes <= int(64 * MB * 0.9) - 30 * MB - out.predicted_bytes
     assert fn.cache.stats.evictions > 0

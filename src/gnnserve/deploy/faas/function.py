@@ -5,8 +5,10 @@
 :class:`SampledRequest`, which passes to an ``InferenceFunction``: that one predicts the
 request's peak memory, evicts cache entries to fit it under the instance capacity, reads the
 input features (cache hits, the rest fetched by byte ranges or from its full copy), runs the
-model and returns the seeds' logits and embeddings. A misprediction whose measured peak would
-have put the instance over its capacity clears the cache and runs the request again (§4.3).
+model and returns the seeds' logits and embeddings. The cache may fill the capacity minus what the
+instance uses, the predicted peak and a headroom of 10% for prediction errors; a misprediction
+whose measured peak would still have put the instance over its capacity clears the cache and
+runs the request again (§4.3).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from gnnserve.sampling.sampler import NeighborSampler
 from gnnserve.types import MiniBatch, SampledSubgraph
 
 FETCH_MODES = ("ondemand", "full")
+HEADROOM = 0.10  # share of the capacity the cache leaves free for prediction errors
 _MB = 1 << 20
 
 
@@ -190,13 +193,14 @@ class InferenceFunction:
     def _make_room(self, request: SampledRequest, predicted: int) -> int:
         if self.cache is None or not self.capacity:
             return 0
-        budget = self.capacity - (self.usage() - self.cache.nbytes) - predicted
+        usable = int(self.capacity * (1 - HEADROOM))
+        budget = usable - (self.usage() - self.cache.nbytes) - predicted
         ids = request.subgraph.input_nodes
         return self.cache.prepare(ids, request.degree[: ids.size], max(0, budget))
 
     def _would_overflow(self, predicted: int, measured: int) -> bool:
-        """The measured peak exceeded the prediction by enough that, with the cache kept, a
-        request like it would push the instance past its capacity."""
+        """The measured peak exceeded the prediction by more than the headroom covers: with the
+        cache kept, a request like it would push the instance past its capacity."""
         return measured > predicted and self.usage() + (measured - predicted) > self.capacity
 
     def _run(self, request: SampledRequest) -> InferenceOutput:
