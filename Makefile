@@ -45,6 +45,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/dynamic_http.py
 	$(BIN)/python bench/srpe.py
 	$(BIN)/python bench/cgp.py
+	$(BIN)/python bench/faas.py
 
 bench-overload: $(STAMP)
 	$(BIN)/python bench/overload.py
@@ -58,6 +59,7 @@ bench-quick: $(STAMP)
 	$(BIN)/python bench/store_check.py --quick
 	$(BIN)/python bench/dynamic.py --quick
 	$(BIN)/python bench/dynamic_http.py --quick
+	$(BIN)/python bench/faas.py --quick
 	$(BIN)/python bench/srpe.py --quick
 	$(BIN)/python bench/cgp.py --quick
 
