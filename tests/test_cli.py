@@ -274,3 +274,93 @@ def test_precompute_then_serve_new_nodes(small_store: Path, small_ckpt: Path, tm
         assert len(body["predictions"]) == 2
     finally:
         assert stop_server(proc) == 0
+
+
+def test_publish_command_to_a_directory_and_refusal(
+    small_store: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    out = tmp_path / "pub"
+    assert main(["publish", "--store", str(small_store), "--to", out.as_uri()]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert sorted(report["files"]) == sorted(p.name for p in out.iterdir())
+    for name in report["files"][:-2]:
+        assert (out / name).read_bytes() == (small_store / name).read_bytes()
+    assert main(["publish", "--store", str(small_store), "--to", str(out)]) == 2
+    assert "not empty" in capsys.readouterr().err
+    assert main(["publish", "--store", str(small_store), "--to", str(out), "--overwrite"]) == 0
+
+
+@pytest.mark.distributed
+def test_publish_command_to_s3_reads_the_aws_environment(
+    object_store: Any,
+    small_store: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    import json
+
+    from gnnserve.data.blobs import open_blobs
+
+    for key, value in object_store.env().items():
+        monkeypatch.setenv(key, value)
+    url = f"s3://{object_store.bucket}/cli/small"
+    assert main(["publish", "--store", str(small_store), "--to", url]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["url"] == url and report["files"][-1] == "meta.json"
+    blobs = open_blobs(url, object_store.options())
+    for name in report["files"][:-2]:
+        assert blobs.get(name) == (small_store / name).read_bytes()
+    assert main(["publish", "--store", str(small_store), "--to", "s3://Bad_Bucket/x"]) == 2
+    assert "bucket name" in capsys.readouterr().err
+
+
+@pytest.mark.distributed
+def test_objstore_command_serves_until_sigterm(tmp_path: Path) -> None:
+    import os
+
+    from gnnserve.data.blobs import open_blobs
+
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "gnnserve.cli",
+            "objstore",
+            "--dir",
+            str(tmp_path),
+            "--bucket",
+            "cli",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    try:
+        assert proc.stdout is not None
+        first = proc.stdout.readline()
+        assert re.match(r"SeaweedFS S3 endpoint http://127\.0\.0\.1:\d+, bucket cli", first)
+        lines = [proc.stdout.readline() for _ in range(4)]
+        env = dict(line.removeprefix("export ").strip().split("=", 1) for line in lines)
+        assert set(env) == {
+            "AWS_ENDPOINT_URL",
+            "AWS_ACCESS_KEY_ID",
+            "AWS_SECRET_ACCESS_KEY",
+            "AWS_REGION",
+        }
+        options = {
+            "endpoint": env["AWS_ENDPOINT_URL"],
+            "access_key_id": env["AWS_ACCESS_KEY_ID"],
+            "secret_access_key": env["AWS_SECRET_ACCESS_KEY"],
+        }
+        blobs = open_blobs("s3://cli/x", options)
+        blobs.put("a", b"1")
+        assert blobs.get("a") == b"1"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+    from gnnserve.errors import StoreFormatError
+
+    with pytest.raises(StoreFormatError, match=env["AWS_ENDPOINT_URL"]):  # weed went with it
+        open_blobs("s3://cli/x", options).size("a")

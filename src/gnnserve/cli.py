@@ -219,7 +219,10 @@ def run_objstore(args: argparse.Namespace) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     with ObjectStoreServer.start(Path(args.dir), args.bucket, args.port) as server:
-        print(f"SeaweedFS S3 endpoint {server.endpoint}, bucket {server.bucket}; use it with:")
+        print(
+            f"SeaweedFS S3 endpoint {server.endpoint}, bucket {server.bucket} (pid {server.pid},"
+            f" ready in {server.started_s:.1f} s, data in {server.data_dir}); use it with:"
+        )
         for key, value in server.env().items():
             print(f"export {key}={value}")
         sys.stdout.flush()

@@ -1,11 +1,8 @@
-"""The s3 blob store against a real SeaweedFS: exact ranges, one request each, clear errors;
-publish round trip; the objstore and publish commands."""
+"""The s3 blob store against a real SeaweedFS (the session's ``object_store``): exact ranges, one
+GET per range as the server counts them, whole objects, streamed multipart uploads, clear errors."""
 
 from __future__ import annotations
 
-import json
-import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -14,96 +11,114 @@ from typing import Any
 import numpy as np
 import pytest
 
-from gnnserve.cli import main
 from gnnserve.data.blobs import open_blobs
-from gnnserve.data.publish import SELF_LOOPS, publish
+from gnnserve.data.publish import publish
+from gnnserve.data.seaweed import free_ports
 from gnnserve.errors import InvalidInputError, StoreFormatError
 
 pytestmark = pytest.mark.distributed
+SIZE = 100_000
 
 
-def test_ranges_equal_slices_one_request_each(object_store: Any) -> None:
+@pytest.fixture(scope="module")
+def uploaded(object_store: Any) -> tuple[Any, bytes]:
+    """A 100 kB random object ``x.bin`` under s3://<bucket>/ranges."""
     blobs = open_blobs(f"s3://{object_store.bucket}/ranges", object_store.options())
-    data = np.random.default_rng(0).bytes(100_000)
+    data = np.random.default_rng(0).bytes(SIZE)
     blobs.put("x.bin", data)
+    return blobs, data
+
+
+def test_ranges_equal_slices_one_get_each(object_store: Any, uploaded: tuple[Any, bytes]) -> None:
+    blobs, data = uploaded
     rng = np.random.default_rng(1)
-    starts = rng.integers(0, 100_000, 50)
-    ends = np.minimum(starts + rng.integers(0, 5000, 50), 100_000)
-    starts[0], ends[0] = 99_999, 100_000  # the last byte
-    starts[1], ends[1] = 10, 10  # empty
-    before = blobs.stats.requests
+    starts = rng.integers(0, SIZE, 60)
+    ends = np.minimum(starts + rng.integers(0, 5000, 60), SIZE)
+    starts[0], ends[0] = SIZE - 1, SIZE  # the last byte
+    starts[1], ends[1] = 10, 10  # empty: no request
+    starts[2], ends[2] = 0, SIZE  # all of it
+    starts[3], ends[3] = starts[4], ends[4]  # the same range twice: fetched twice
+    nonempty = int(np.sum(ends > starts))
+    before, gets = blobs.stats.requests, object_store.requests("GET")
+    read_before = blobs.stats.bytes_read
     parts = blobs.get_ranges("x.bin", starts, ends)
     assert parts == [data[a:b] for a, b in zip(starts, ends, strict=True)]
-    assert blobs.stats.requests - before == 50
-    assert blobs.size("x.bin") == 100_000 and blobs.names() == ["x.bin"]
-    with pytest.raises(StoreFormatError, match="not found"):
-        blobs.size("missing.bin")
+    assert object_store.requests("GET") - gets == nonempty  # the server saw exactly these
+    assert blobs.stats.requests - before == 60
+    assert blobs.stats.bytes_read - read_before == int(np.sum(ends - starts))
+    assert blobs.get_ranges("x.bin", [], []) == []
 
 
-def test_wrong_credentials_name_the_endpoint(object_store: Any) -> None:
+def test_whole_objects_names_and_sizes(uploaded: tuple[Any, bytes]) -> None:
+    blobs, data = uploaded
+    before = blobs.stats.requests, blobs.stats.bytes_read
+    assert blobs.get("x.bin") == data
+    assert (blobs.stats.requests, blobs.stats.bytes_read) == (before[0] + 1, before[1] + SIZE)
+    assert blobs.size("x.bin") == SIZE
+    assert blobs.names() == ["x.bin"]
+
+
+def test_missing_objects_and_ranges_past_the_end(uploaded: tuple[Any, bytes]) -> None:
+    blobs, _ = uploaded
+    for call in (lambda: blobs.size("nope.bin"), lambda: blobs.get("nope.bin")):
+        with pytest.raises(StoreFormatError, match="'nope.bin' not found"):
+            call()
+    with pytest.raises(StoreFormatError, match="'nope.bin' not found"):
+        blobs.get_ranges("nope.bin", [0], [4])
+    for start, end in ((SIZE - 5, SIZE + 1), (SIZE, SIZE + 1), (SIZE + 10, SIZE + 20)):
+        with pytest.raises(StoreFormatError, match=f"range end {end} past the end"):
+            blobs.get_ranges("x.bin", [0, start], [1, end])
+    with pytest.raises(InvalidInputError, match="start <= end"):
+        blobs.get_ranges("x.bin", [5], [4])
+
+
+def test_put_file_streams_in_parts_and_delete(object_store: Any, tmp_path: Path) -> None:
+    blobs = open_blobs(f"s3://{object_store.bucket}/files/", object_store.options())
+    path = tmp_path / "big.bin"
+    path.write_bytes(np.random.default_rng(2).bytes(11 << 20))  # > 5 MB: a multipart upload
+    puts = object_store.requests("PUT")
+    blobs.put_file("big.bin", path)
+    assert object_store.requests("PUT") - puts >= 3  # parts, not one PUT
+    assert blobs.get("big.bin") == path.read_bytes()
+    assert blobs.get_ranges("big.bin", [(11 << 20) - 3], [11 << 20]) == [path.read_bytes()[-3:]]
+    blobs.delete("big.bin")
+    blobs.delete("big.bin")  # already gone: no error
+    assert blobs.names() == []
+
+
+def test_wrong_credentials_and_dead_endpoints_name_the_endpoint(object_store: Any) -> None:
     options = {**object_store.options(), "secret_access_key": "wrong-secret-0123456789"}
     blobs = open_blobs(f"s3://{object_store.bucket}/x", options)
-    with pytest.raises(StoreFormatError, match=object_store.endpoint.split("//")[1]):
-        blobs.size("x.bin")
+    with pytest.raises(StoreFormatError, match=object_store.endpoint):
+        blobs.names()
+    dead = f"http://127.0.0.1:{free_ports(1)[0]}"
+    blobs = open_blobs(
+        f"s3://{object_store.bucket}/x", {**object_store.options(), "endpoint": dead}
+    )
+    for call in (lambda: blobs.size("x.bin"), lambda: blobs.get_ranges("x.bin", [0], [1])):
+        with pytest.raises(StoreFormatError, match=dead):
+            call()
     with pytest.raises(InvalidInputError, match="unknown object-store options"):
         open_blobs(f"s3://{object_store.bucket}/x", {"endpiont": "x"})
 
 
-def test_publish_round_trip_and_refusals(
-    object_store: Any, small_store: Path, tmp_path: Path
+def test_settings_come_from_the_environment(
+    object_store: Any, uploaded: tuple[Any, bytes], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    url = f"s3://{object_store.bucket}/small"
-    report = publish(small_store, url, object_store.options(), progress=False)
-    assert report.files[-1] == "meta.json" and SELF_LOOPS in report.files
-    blobs = open_blobs(url, object_store.options())
-    for path in small_store.iterdir():
-        if path.is_file() and path.name in report.files:
-            assert blobs.get(path.name) == path.read_bytes()
-    with pytest.raises(InvalidInputError, match="not empty"):
-        publish(small_store, url, object_store.options(), progress=False)
-    publish(small_store, url, object_store.options(), overwrite=True, progress=False)
-    with pytest.raises(StoreFormatError, match="not a gnnserve store"):
-        publish(tmp_path, f"s3://{object_store.bucket}/empty", object_store.options())
+    for key, value in object_store.env().items():
+        monkeypatch.setenv(key, value)
+    blobs = open_blobs(f"s3://{object_store.bucket}/ranges")
+    assert blobs.get_ranges("x.bin", [3], [9]) == [uploaded[1][3:9]]
 
 
-def test_publish_command_to_a_directory(
-    small_store: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    out = tmp_path / "pub"
-    assert main(["publish", "--store", str(small_store), "--to", out.as_uri()]) == 0
-    report = json.loads(capsys.readouterr().out)
-    assert sorted(report["files"]) == sorted(p.name for p in out.iterdir())
-    assert main(["publish", "--store", str(small_store), "--to", str(out)]) == 2  # not empty
-
-
-def test_objstore_command_starts_and_stops(tmp_path: Path) -> None:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "gnnserve.cli", "objstore", "--dir", str(tmp_path)],
-        stdout=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+def test_blobs_module_does_not_need_obstore() -> None:
+    code = (
+        "import sys; import gnnserve.data.blobs as b; "
+        "assert 'obstore' not in sys.modules, 'obstore imported'; "
+        "print(b.open_blobs('file:///tmp').names() is not None)"
     )
-    try:
-        assert proc.stdout is not None
-        first = proc.stdout.readline()
-        assert "SeaweedFS S3 endpoint http://127.0.0.1:" in first
-        env = dict(
-            line.removeprefix("export ").strip().split("=", 1)
-            for line in [proc.stdout.readline() for _ in range(4)]
-        )
-        blobs = open_blobs(
-            "s3://gnnserve/x",
-            {
-                "endpoint": env["AWS_ENDPOINT_URL"],
-                "access_key_id": env["AWS_ACCESS_KEY_ID"],
-                "secret_access_key": env["AWS_SECRET_ACCESS_KEY"],
-            },
-        )
-        blobs.put("a", b"1")
-        assert blobs.get("a") == b"1"
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(30) == 0
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "True"
 
 
 def test_on_demand_sampling_from_s3_equals_local(object_store: Any, small_store: Path) -> None:

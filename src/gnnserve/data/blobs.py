@@ -79,6 +79,10 @@ class BlobStore(abc.ABC):
         """Upload local file ``path`` as object ``name`` (backends may stream it)."""
         self.put(name, path.read_bytes())
 
+    def delete(self, name: str) -> None:
+        """Remove object ``name`` if it exists."""
+        raise NotImplementedError(f"{type(self).__name__} cannot delete objects")
+
     def get(self, name: str) -> bytes:
         """Object ``name`` whole (one request, counted)."""
         data = self._get(name)
@@ -156,6 +160,9 @@ class LocalBlobStore(BlobStore):
         tmp = target.with_name(target.name + ".part")
         shutil.copyfile(path, tmp)
         os.replace(tmp, target)
+
+    def delete(self, name: str) -> None:
+        self._path(name).unlink(missing_ok=True)
 
     def names(self) -> list[str]:
         if not self.root.is_dir():

@@ -1,10 +1,12 @@
 """``gnnserve publish``: upload a prepared store to a blob store, unchanged, for remote serving.
 
 The store's files go as they are (``indptr.bin``, ``indices.bin``, ``features.bin``, labels and
-masks when present), plus ``self_loops.npy`` (the ids of vertices with a self loop, once per
-loop: what a remote reader needs for GCN degrees without reading whole rows). ``meta.json`` goes
-last, so a reader never finds a store whose data files are incomplete. Sizes are checked after
-the upload. A non-empty destination is refused unless ``overwrite``.
+masks when present: :func:`gnnserve.data.layout.data_files`), plus ``self_loops.npy`` (the ids of
+vertices with a self loop, once per loop: what a remote reader needs for GCN degrees without
+reading whole rows). ``meta.json`` goes last, so a reader never finds a store whose data files
+are incomplete (overwriting removes the old ``meta.json`` first; other old objects are replaced
+or left). Every object's size is checked after the upload. A non-empty destination is refused
+unless ``overwrite``.
 """
 
 from __future__ import annotations
@@ -19,28 +21,42 @@ from pathlib import Path
 import numpy as np
 
 from gnnserve.data import layout
-from gnnserve.data.blobs import open_blobs
+from gnnserve.data.blobs import BlobStore, open_blobs
 from gnnserve.errors import InvalidInputError, StoreFormatError
 from gnnserve.urls import local_path
 
+__all__ = ["SELF_LOOPS", "PublishReport", "publish", "self_loop_ids"]
+
 log = logging.getLogger(__name__)
 SELF_LOOPS = "self_loops.npy"
+_CHUNK_EDGES = 1 << 23  # edges scanned at once for self loops (bounded memory)
 
 
 @dataclass
 class PublishReport:
     """What ``publish`` uploaded."""
 
-    url: str  # destination
-    files: list[str]  # object names, in upload order
+    url: str  # destination, as given
+    files: list[str]  # object names, in upload order (meta.json last)
     bytes: int  # payload bytes uploaded
-    seconds: float  # wall time
+    seconds: float  # wall time of the upload and the size checks
 
 
-def self_loop_ids(indptr: np.ndarray, indices: np.ndarray) -> np.ndarray:
-    """Sorted int64 ids of the vertices with a self loop, once per loop."""
-    dst = np.repeat(np.arange(indptr.size - 1, dtype=np.int64), np.diff(indptr))
-    return np.sort(dst[np.asarray(indices) == dst])
+def self_loop_ids(
+    indptr: np.ndarray, indices: np.ndarray, chunk_edges: int = _CHUNK_EDGES
+) -> np.ndarray:
+    """Sorted int64 ids of the vertices with a self loop, once per loop, scanning about
+    ``chunk_edges`` edges at a time (CSR rows: vertex v's neighbours are
+    ``indices[indptr[v]:indptr[v + 1]]``)."""
+    indptr = np.asarray(indptr, dtype=np.int64)
+    n, found, row = indptr.size - 1, [np.empty(0, dtype=np.int64)], 0
+    while row < n:
+        stop = int(np.searchsorted(indptr, indptr[row] + chunk_edges, side="right")) - 1
+        stop = min(max(stop, row + 1), n)
+        dst = np.repeat(np.arange(row, stop, dtype=np.int64), np.diff(indptr[row : stop + 1]))
+        found.append(dst[np.asarray(indices[indptr[row] : indptr[stop]]) == dst])
+        row = stop
+    return np.concatenate(found)
 
 
 def _self_loops_npy(root: Path, meta: layout.StoreMeta) -> bytes:
@@ -59,7 +75,10 @@ def publish(
     overwrite: bool = False,
     progress: bool = True,
 ) -> PublishReport:
-    """Upload the store at ``store_dir`` to ``to_url`` (``s3://bucket/prefix`` or a directory)."""
+    """Upload the store at ``store_dir`` to ``to_url`` (``s3://bucket/prefix``, a directory or a
+    ``file://`` URL); ``options``: object-store settings (default: the AWS_* environment);
+    ``progress``: log a line per file. StoreFormatError for a directory that is not a store or a
+    size that differs after the upload; InvalidInputError for a non-empty destination."""
     root = local_path(store_dir, "store")
     meta = layout.read_meta(root)  # refuses a directory that is not a store
     blobs = open_blobs(to_url, options)
@@ -68,24 +87,36 @@ def publish(
             f"{to_url} is not empty: pass overwrite (--overwrite) to replace it", "to"
         )
     start = time.perf_counter()
-    files = [p.name for p in layout.data_files(root, meta)]
-    sent = 0
-    for name in files:
-        size = (root / name).stat().st_size
+    blobs.delete(layout.META)  # overwriting: no reader takes the prefix for a store meanwhile
+    sizes: dict[str, int] = {}
+    for i, path in enumerate(layout.data_files(root, meta), 1):
+        sizes[path.name] = path.stat().st_size
         if progress:
-            log.info("uploading %s (%.1f MB) to %s", name, size / 1e6, to_url)
-        blobs.put_file(name, root / name)
-        sent += size
+            log.info(
+                "[%d] uploading %s (%.1f MB) to %s", i, path.name, sizes[path.name] / 1e6, to_url
+            )
+        blobs.put_file(path.name, path)
     loops = _self_loops_npy(root, meta)
     blobs.put(SELF_LOOPS, loops)
+    sizes[SELF_LOOPS] = len(loops)
+    _check_sizes(blobs, sizes, to_url)  # complete before meta.json makes it a store
     meta_bytes = (root / layout.META).read_bytes()
     blobs.put(layout.META, meta_bytes)
-    for name in files:
-        if blobs.size(name) != (root / name).stat().st_size:
-            raise StoreFormatError(f"{to_url}/{name}: size differs after the upload", "to")
-    done = [*files, SELF_LOOPS, layout.META]
-    report = PublishReport(
-        to_url, done, sent + len(loops) + len(meta_bytes), time.perf_counter() - start
-    )
-    log.info("published %d files, %.1f MB in %.1f s", len(done), report.bytes / 1e6, report.seconds)
+    sizes[layout.META] = len(meta_bytes)
+    _check_sizes(blobs, {layout.META: len(meta_bytes)}, to_url)
+    report = PublishReport(to_url, list(sizes), sum(sizes.values()), time.perf_counter() - start)
+    if progress:
+        log.info(
+            "published %d files, %.1f MB in %.1f s", len(sizes), report.bytes / 1e6, report.seconds
+        )
     return report
+
+
+def _check_sizes(blobs: BlobStore, sizes: Mapping[str, int], to_url: str) -> None:
+    """StoreFormatError naming the first object whose uploaded size is not ``sizes[name]``."""
+    for name, size in sizes.items():
+        got = blobs.size(name)
+        if got != size:
+            raise StoreFormatError(
+                f"{to_url}: {name} is {got} bytes after the upload, {size} here", "to"
+            )
