@@ -9,14 +9,17 @@ time per stage). Both pools start empty and scale to zero after ``keep_alive_s``
 from __future__ import annotations
 
 import itertools
+import os
 import threading
 import time
+import uuid
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
+from gnnserve.deploy.faas.cgroup import cgroup_support, cleanup_stale
 from gnnserve.deploy.faas.function import FunctionSpec, InferenceOutput, SampledRequest
 from gnnserve.deploy.faas.instance import launch
 from gnnserve.deploy.faas.pool import FunctionPool
@@ -49,6 +52,9 @@ class FaaSService:
     ) -> None:
         self.spec = spec
         self._started_ray = start_ray(num_cpus=max(2, (max_instances or 4) * 2))
+        self._tag = f"p{os.getpid()}-{uuid.uuid4().hex[:8]}"  # cgroup names: unique per service
+        if cgroup_support() is None:
+            cleanup_stale()  # empty groups of instances of earlier services
         self._names = itertools.count()
         sample_spec = replace(
             spec, memory_mb=spec.memory_mb if sample_memory_mb is None else sample_memory_mb
@@ -65,7 +71,7 @@ class FaaSService:
         keep_alive_s: float,
         max_instances: int | None,
     ) -> FunctionPool:
-        tag = f"{os_tag()}-{kind}"
+        tag = f"{self._tag}-{kind}"
 
         def factory(instance: int) -> Any:
             return launch(kind, spec, f"{tag}-{instance}-{next(self._names)}")
@@ -143,11 +149,13 @@ class FaaSService:
         """Stop every instance (and the Ray instance when this service started it)."""
         self.sampler.shutdown()
         self.inference.shutdown()
+        if cgroup_support() is None:
+            _cleanup_groups()
         stop_ray(self._started_ray)
 
 
-def os_tag() -> str:
-    """A per-process prefix for instance names (cgroup names must not collide across runs)."""
-    import os
-
-    return f"p{os.getpid()}"
+def _cleanup_groups() -> None:
+    """Remove the empty cgroups of stopped instances (killed processes exit within moments;
+    groups still busy now are removed when the next service starts)."""
+    time.sleep(0.5)
+    cleanup_stale()
