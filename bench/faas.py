@@ -230,6 +230,7 @@ def make_trace(
 def parse() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--quick", action="store_true")
+    p.add_argument("--out", default="faas", help="results name (bench/results/<out>.json|png)")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--replay-s", type=float, default=60.0)
     p.add_argument("--peak-rps", type=float, default=3.0)
@@ -255,7 +256,7 @@ def main() -> None:
         for config in args.configs.split(","):
             graph, arch, which = config.split(":")
             results["configs"].append(run_config(args, server, graph, arch, int(which), targets))
-            write(results, targets, args.quick)
+            write(results, targets, "faas_quick" if args.quick else args.out)
     stop_ray(started)
     targets.print()
     if args.quick is False and args.work.name.startswith("gnnserve-faas-bench"):
@@ -385,7 +386,7 @@ def _bars(ax: Any, cfg: dict[str, Any], key: str) -> None:
     ax.set_xticks(range(len(names)), [n.replace("_", "\n") for n in names], fontsize=7)
 
 
-def write(results: dict[str, Any], targets: Targets, quick: bool) -> None:
+def write(results: dict[str, Any], targets: Targets, name: str) -> None:
     """JSON and the PNG (mean and p99 per system, GB*s), after every config."""
     import matplotlib
 
@@ -393,7 +394,6 @@ def write(results: dict[str, Any], targets: Targets, quick: bool) -> None:
     import matplotlib.pyplot as plt
 
     results["targets"] = targets.rows
-    name = "faas_quick" if quick else "faas"
     (RESULTS / f"{name}.json").write_text(json.dumps(results, indent=2, default=float))
     configs = results["configs"]
     fig, axes = plt.subplots(len(configs), 3, figsize=(15, 3.6 * len(configs)), squeeze=False)
