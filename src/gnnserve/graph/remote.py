@@ -140,6 +140,13 @@ class RemoteCSR:
         return (degree - (hi - lo)).astype(np.float32)
 
 
+def count_self_loops(nodes: np.ndarray, rows: Fetched) -> np.ndarray:
+    """Self loops (int64) of each of ``nodes`` in its fetched row; ``rows`` holds the rows of
+    ``nodes`` packed in their order, as :meth:`RemoteCSR.fetch_rows` returns them."""
+    owner = np.repeat(np.arange(nodes.size), rows.degree)
+    return np.bincount(owner[rows.indices == nodes[owner]], minlength=nodes.size)
+
+
 class RemoteGraphStore(GraphStore):
     """A published store as a gateway sees it (``--deploy faas``): node count, version, id
     checks and per-node look-ups by byte ranges. The whole-graph arrays are never read here:
@@ -169,11 +176,7 @@ class RemoteGraphStore(GraphStore):
         if self.remote.self_loops is not None:
             return self.remote.gcn_degree(ids, self.remote.fetch_degrees(ids)[1])
         rows = self.remote.fetch_rows(ids)  # no loop table: count loops in the rows
-        owner = np.repeat(ids, rows.degree)
-        loops = np.bincount(
-            np.repeat(np.arange(ids.size), rows.degree)[rows.indices == owner], minlength=ids.size
-        )
-        return self.remote.gcn_degree(ids, rows.degree, loops)
+        return self.remote.gcn_degree(ids, rows.degree, count_self_loops(ids, rows))
 
     def neighbors(self, node: int) -> np.ndarray:
         """In-neighbours of one node, read by byte ranges (int64)."""

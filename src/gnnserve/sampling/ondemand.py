@@ -20,7 +20,7 @@ import torch
 
 from gnnserve.errors import InvalidInputError
 from gnnserve.fanouts import check_fanouts
-from gnnserve.graph.remote import RemoteCSR
+from gnnserve.graph.remote import Fetched, RemoteCSR, count_self_loops
 from gnnserve.sampling import kernels
 from gnnserve.sampling.sampler import call_key
 from gnnserve.types import Block, SampledSubgraph
@@ -156,19 +156,10 @@ class OnDemandSampler:
         store has no loop table); None when the table answers instead."""
         if self.remote.self_loops is not None:
             return None
-        owner = np.repeat(np.arange(nodes.size), rows.degree)
-        flat = rows.indices[np.repeat(rows.row_start, rows.degree) + _ranks(rows.degree)]
-        return np.bincount(owner[flat == nodes[owner]], minlength=nodes.size)
+        return count_self_loops(nodes, Fetched(rows.degree, rows.row_start, rows.indices, 0, 0))
 
     def _expand(self, rows: _Rows, new: np.ndarray) -> HopFetch:
         """Fetch the rows of ``new`` (the nodes after the first ``rows.count``) into ``rows``."""
         fetched = self.remote.fetch_rows(new)
         rows.add(fetched.degree, fetched.row_start, fetched.indices)
         return HopFetch(int(new.size), fetched.requests, fetched.bytes_read)
-
-
-def _ranks(counts: np.ndarray) -> np.ndarray:
-    """0..c-1 for each count c, concatenated."""
-    total = int(counts.sum())
-    starts = np.cumsum(counts) - counts
-    return np.arange(total, dtype=np.int64) - np.repeat(starts, counts)

@@ -127,19 +127,16 @@ class SampleFunction:
         if self._local is not None:
             subgraph = self._local.sample(seeds, rng_seed)
             degree = self._graph.in_degree(subgraph.nodes)
+            gcn = self._graph.gcn_degree(subgraph.input_nodes)
             requests, nbytes = 0, 0
         else:
             fetched = self._ondemand.sample(seeds, rng_seed)
-            subgraph, degree = fetched.subgraph, fetched.degree
-            requests, nbytes = fetched.requests, fetched.bytes_read
-            loops = fetched.loops
-        inputs = subgraph.input_nodes
-        if self._local is not None:
-            gcn = self._graph.gcn_degree(inputs)
-        else:
+            subgraph, degree, loops = fetched.subgraph, fetched.degree, fetched.loops
+            k = subgraph.input_nodes.size
             gcn = self.remote.gcn_degree(
-                inputs, degree[: inputs.size], None if loops is None else loops[: inputs.size]
+                subgraph.input_nodes, degree[:k], None if loops is None else loops[:k]
             )
+            requests, nbytes = fetched.requests, fetched.bytes_read
         return SampledRequest(
             subgraph, degree, gcn, (time.perf_counter() - start) * 1e3, requests, nbytes
         )

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import itertools
 import os
-import threading
 import time
 import uuid
 from concurrent.futures import Future
@@ -25,8 +24,6 @@ from gnnserve.deploy.faas.instance import launch
 from gnnserve.deploy.faas.pool import FunctionPool
 from gnnserve.deploy.faas.scheduler import Scheduler
 from gnnserve.deploy.ray import start_ray, stop_ray
-
-_GB = float(1 << 30)
 
 
 @dataclass
@@ -61,7 +58,6 @@ class FaaSService:
         )
         self.sampler = self._pool("sample", sample_spec, policy, keep_alive_s, max_instances)
         self.inference = self._pool("infer", spec, policy, keep_alive_s, max_instances)
-        self._lock = threading.Lock()
 
     def _pool(
         self,
