@@ -69,6 +69,14 @@ class BatcherConfig(_Strict):
     )
     max_batch_cost: float | None = Field(None, gt=0)  # cap on a batch's summed PSGS; None = off
     pipeline_depth: int = Field(2, ge=1)  # batches in flight from sampling to results
+    pipelines: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="sample->gather->compute pipelines pulling from one shared batch queue "
+        "(Quiver §4.3): a slow batch holds only its own pipeline; with more than one, each "
+        "holds one batch at a time (pipeline_depth applies to a single pipeline)",
+    )
 
 
 class ComputeConfig(_Strict):

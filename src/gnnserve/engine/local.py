@@ -1,9 +1,15 @@
 """LocalExecutor: sample -> fetch -> compute in this process, in overlapping stage threads.
 
 Batching and sampling share one thread, so a batch closes only when sampling can take it; at
-most ``batcher.pipeline_depth`` batches are between the batcher and their answers, so while
-they are busy requests wait and the next batch grows (adaptive batching). The graph's read
-version is pinned from sampling until the features are read.
+most ``batcher.pipeline_depth`` batches per pipeline are between the batcher and their answers,
+so while they are busy requests wait and the next batch grows (adaptive batching). The graph's
+read version is pinned from sampling until the features are read.
+
+``batcher.pipelines`` > 1 multiplexes pipelines (Quiver §4.3): each has its own sample, fetch
+and compute threads, and all pull from the one batch queue, each only when it holds no batch, so
+a slow batch (a straggler) holds its own pipeline only; the next batch goes to whichever
+pipeline is free. The stages release the
+GIL (numba kernels, torch), so pipelines overlap one another's work.
 """
 
 from __future__ import annotations
@@ -11,6 +17,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -33,21 +40,41 @@ class LocalExecutor(Executor):
         self._source: BatchSource | None = None
 
     def start(self, batches: BatchSource) -> None:
-        """Start the sample, fetch and compute threads, pulling from ``batches``."""
+        """Start each pipeline's sample, fetch and compute threads, pulling from ``batches``."""
         self._source = batches
-        self._slots = threading.Semaphore(self.context.config.batcher.pipeline_depth)
-        to_fetch: queue.Queue[object] = queue.Queue()
-        to_compute: queue.Queue[object] = queue.Queue()
-        release = self._release_slot
-        self._threads = [
-            threading.Thread(
-                target=self._sample_loop, args=(to_fetch,), name="gnnserve-sample", daemon=True
-            ),
-            Stage("fetch", self._fetch, to_fetch, to_compute, release),
-            Stage("compute", self._compute, to_compute, None, release),
-        ]
+        config = self.context.config.batcher
+        self._take = threading.Lock()  # the batcher forms one batch at a time
+        self._threads = []
+        # several pipelines: each takes a batch only when idle, or a free slot behind a
+        # straggler would pull the next batch into that straggler's pipeline
+        depth = config.pipeline_depth if config.pipelines == 1 else 1
+        for index in range(config.pipelines):
+            self._threads += self._pipeline(index, depth)
         for t in self._threads:
             t.start()
+
+    def _pipeline(self, index: int, depth: int) -> list[threading.Thread]:
+        """One sample -> fetch -> compute chain with ``depth`` batches in flight."""
+        slots = threading.Semaphore(depth)
+        to_fetch: queue.Queue[object] = queue.Queue()
+        to_compute: queue.Queue[object] = queue.Queue()
+
+        def release(batch: Batch) -> None:
+            assert self._source is not None
+            self._source.finished(batch)  # trains admission's service-time model
+            slots.release()
+
+        suffix = f"-{index}" if index else ""
+        return [
+            threading.Thread(
+                target=self._sample_loop,
+                args=(slots, to_fetch, release),
+                name=f"gnnserve-sample{suffix}",
+                daemon=True,
+            ),
+            Stage("fetch", self._fetch, to_fetch, to_compute, release, suffix),
+            Stage("compute", self._compute, to_compute, None, release, suffix),
+        ]
 
     def stop(self, timeout_s: float = 30.0) -> None:
         """Join the stage threads; the batcher's STOP drains them after the batches queued."""
@@ -61,12 +88,18 @@ class LocalExecutor(Executor):
         return self.context.planner.sampler_for(batch.fanouts).sample_valid(batch.seeds)
 
     # stages --------------------------------------------------------------------------------
-    def _sample_loop(self, outbox: queue.Queue[object]) -> None:
+    def _sample_loop(
+        self,
+        slots: threading.Semaphore,
+        outbox: queue.Queue[object],
+        release: Callable[[Batch], None],
+    ) -> None:
         assert self._source is not None
         graph = self.context.graph
         while True:
-            self._slots.acquire()
-            batch = self._source.next_batch()
+            slots.acquire()
+            with self._take:
+                batch = self._source.next_batch()
             if batch is None:
                 break
             start = time.perf_counter()
@@ -76,16 +109,11 @@ class LocalExecutor(Executor):
             except BaseException as exc:  # noqa: BLE001 - reported per request
                 graph.release_read()
                 fail_batch(batch, exc)
-                self._release_slot(batch)
+                release(batch)
                 continue
             batch.stage_ms["sample"] = (time.perf_counter() - start) * 1e3
             outbox.put(batch)
         outbox.put(STOP)
-
-    def _release_slot(self, batch: Batch) -> None:
-        assert self._source is not None
-        self._source.finished(batch)  # trains admission's service-time model
-        self._slots.release()
 
     def _fetch(self, batch: Batch) -> None:
         assert batch.subgraph is not None

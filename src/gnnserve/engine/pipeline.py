@@ -38,8 +38,9 @@ class Stage(threading.Thread):
         inbox: queue.Queue[object],
         outbox: queue.Queue[object] | None,
         on_exit: Callable[[Batch], None] | None = None,
+        suffix: str = "",
     ) -> None:
-        super().__init__(name=f"gnnserve-{name}", daemon=True)
+        super().__init__(name=f"gnnserve-{name}{suffix}", daemon=True)  # suffix: pipeline
         self.stage_name = name
         self.work = work
         self.inbox = inbox

@@ -1,0 +1,80 @@
+"""Multiplexed pipelines with one shared batch queue (Quiver §4.3): same answers, and a slow
+batch holds only its own pipeline."""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from gnnserve.config import ServeConfig
+from gnnserve.engine.loader import build_engine
+
+
+def _config(store: Path, ckpt: Path, pipelines: int) -> ServeConfig:
+    return ServeConfig.load(
+        None,
+        **{
+            "store.path": str(store),
+            "model_path": str(ckpt),
+            "sampler.fanouts": [-1, -1],
+            "batcher.pipelines": pipelines,
+        },
+    )
+
+
+def test_three_pipelines_answer_like_the_full_graph_forward(
+    small_store, small_ckpt, reference
+) -> None:
+    logits, _ = reference
+    rng = np.random.default_rng(1)
+    requests = [rng.integers(0, 2000, int(rng.integers(1, 6))).tolist() for _ in range(300)]
+    batches: list[str] = []
+    with build_engine(_config(small_store, small_ckpt, 3)) as engine:
+        engine.observers.append(lambda b: batches.append(threading.current_thread().name))
+        with ThreadPoolExecutor(16) as pool:
+            results = list(pool.map(lambda r: engine.predict(r, "probs", timeout_s=60), requests))
+    for req, res in zip(requests, results, strict=True):
+        assert res.nodes.tolist() == req
+        torch.testing.assert_close(res.values, torch.softmax(logits[req], 1), atol=1e-5, rtol=0)
+    assert {"gnnserve-compute", "gnnserve-compute-1", "gnnserve-compute-2"} >= set(batches)
+    assert len(set(batches)) > 1, "one pipeline took every batch"
+
+
+class _SlowFor:
+    """A runner whose forward takes ``delay_s`` longer for batches holding ``node``."""
+
+    def __init__(self, runner, node: int, delay_s: float) -> None:
+        self.runner, self.node, self.delay_s = runner, node, delay_s
+        self.version, self.model = runner.version, runner.model
+        self.shape_output = runner.shape_output
+
+    def forward(self, batch):
+        sub = batch.subgraph
+        if self.node in sub.nodes[: sub.num_seeds]:
+            time.sleep(self.delay_s)
+        return self.runner.forward(batch)
+
+
+@pytest.mark.parametrize("pipelines", [1, 2])
+def test_a_straggler_holds_only_its_own_pipeline(small_store, small_ckpt, pipelines) -> None:
+    engine = build_engine(_config(small_store, small_ckpt, pipelines))
+    engine.runner = _SlowFor(engine.runner, node=7, delay_s=1.5)  # type: ignore[assignment]
+    with engine:
+        engine.predict([1])  # warm
+        slow = engine.submit(engine.request([7]))
+        time.sleep(0.1)  # the straggler is in compute
+        start = time.perf_counter()
+        for node in (1, 2, 3, 4, 5):
+            engine.predict([node], timeout_s=30)
+        fast_s = time.perf_counter() - start
+        slow.result(30)
+    if pipelines == 1:
+        assert fast_s > 1.0  # one pipeline: the requests behind the straggler wait for it
+    else:
+        assert fast_s < 0.7  # another pipeline takes them while the straggler computes
