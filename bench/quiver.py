@@ -1,0 +1,156 @@
+"""Workload-aware serving (Quiver §4–§6) on this machine: placement, pipelines, routing.
+
+Sections (``--sections``, comma-separated; all by default):
+
+- ``placement`` (bench/quiver_placement.py): hot-tier hit rate of FAP vs degree-ranked vs random
+  placement at 10% and 25% RAM budgets on a Zipf-skewed and a uniform stream, with the best
+  static placement (ranked by the scored accesses themselves) as the ceiling; share of feature
+  reads served remotely across P = 2, 4 (and 8, by counting) servers for FAP vs hash vs degree.
+- ``pipelines`` (bench/quiver_pipelines.py): throughput of 1 vs 2 vs 4 shared-queue pipelines.
+
+Graphs: fb100_cornell5 (16,801 nodes) and an R-MAT graph of 2^20 nodes and 10M edges (``--rmat``;
+minutes to generate). Results: bench/results/quiver.json and quiver.png.
+Run: ``.venv/bin/python bench/quiver.py`` (``--quick``: fb100 only, fewer requests, 1 round).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import gnnserve  # noqa: F401  (first: sets the OpenMP wait policy)
+from common import RESULTS, Targets, environment, fb100_sage, save_figure
+from gnnserve.data import generators
+from gnnserve.data.writer import write_store
+from gnnserve.graph import open_graph_store
+from quiver_pipelines import run_pipelines
+from quiver_placement import BUDGETS, run_stream
+from quiver_streams import STREAMS
+
+FANOUTS = [25, 10]
+SERVERS = (2, 4, 8)
+
+
+def parse() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--sections", default="placement,pipelines")
+    p.add_argument("--rmat", action="store_true", help="also the 2^20-node R-MAT graph")
+    p.add_argument("--requests", type=int, default=20_000, help="per stream half")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--window-s", type=float, default=10.0)
+    p.add_argument("--work", type=Path, default=Path("/tmp/gnnserve-quiver-bench"))
+    return p.parse_args()
+
+
+def graphs(args: argparse.Namespace) -> dict[str, Path]:
+    """Store directories of the benchmark graphs (written once into ``--work``)."""
+    out = {}
+    fb = args.work / "fb100"
+    if not (fb / "store" / "meta.json").exists():
+        fb.mkdir(parents=True, exist_ok=True)
+        fb100_sage(fb, "quiver bench")
+    out["fb100_cornell5"] = fb / "store"
+    if args.rmat:
+        rmat = args.work / "rmat" / "store"
+        if not (rmat / "meta.json").exists():
+            print("[quiver] generating R-MAT 2^20 nodes / 10M edges ...", flush=True)
+            data = generators.rmat(num_nodes=2**20, num_edges=10_000_000, feature_dim=64)
+            write_store(data, rmat, overwrite=True)
+        out["rmat"] = rmat
+    return out
+
+
+def placement(args: argparse.Namespace, stores: dict[str, Path], targets: Targets) -> list:
+    """Hit rates and remote shares per graph and stream."""
+    rows = []
+    for name, store in stores.items():
+        graph = open_graph_store(store)
+        for kind in STREAMS:
+            print(f"[quiver] placement {name} {kind} ...", flush=True)
+            row = run_stream(graph, FANOUTS, kind, args.requests, SERVERS)
+            public = {k: v for k, v in row.items() if k not in ("history", "accesses", "ranking")}
+            rows.append({"graph": name, **public})
+            hr = row["hit_rate"]
+            for b in BUDGETS:
+                key = f"{b:.0%}"
+                print(
+                    f"[quiver]   hot {key}: fap {hr['fap'][key]:.3f} degree "
+                    f"{hr['degree'][key]:.3f} random {hr['random'][key]:.3f} best static "
+                    f"{hr['best_static'][key]:.3f}",
+                    flush=True,
+                )
+                gain = hr["fap"][key] - hr["degree"][key]
+                goal = 0.10 if kind == "zipf" else 0.0
+                targets.check(f"{name} {kind} hot {key}: FAP - degree hit rate", gain, goal)
+    return rows
+
+
+def main() -> None:
+    args = parse()
+    if args.quick:
+        args.requests, args.rounds, args.window_s = 3000, 1, 3.0
+    args.work.mkdir(parents=True, exist_ok=True)
+    stores = graphs(args)
+    targets = Targets()
+    results: dict[str, Any] = {"environment": environment(), "args": vars(args) | {"work": ""}}
+    sections = args.sections.split(",")
+    if "placement" in sections:
+        results["placement"] = placement(args, stores, targets)
+    if "pipelines" in sections:
+        fb = args.work / "fb100"
+        out = run_pipelines(
+            fb / "store", fb / "sage", 16_801, [1, 2, 4], args.rounds, args.window_s
+        )
+        results["pipelines"] = out
+        targets.check("shared-queue pipelines (best) / one", _best_ratio(out), 1.3)
+    results["targets"] = targets.rows
+    name = "quiver_quick" if args.quick else "quiver"
+    (RESULTS / f"{name}.json").write_text(json.dumps(results, indent=2, default=float))
+    plot(results, RESULTS / f"{name}.png")
+    targets.print()
+
+
+def _best_ratio(out: dict[str, Any]) -> float:
+    return max(v["median"] for c, v in out["ratio_over_one"].items() if c != "1")
+
+
+def plot(results: dict[str, Any], path: Path) -> None:
+    """Hit rates per policy (one panel per graph x stream) and pipeline throughput."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = results.get("placement", [])
+    panels = len(rows) + (1 if "pipelines" in results else 0)
+    fig, axes = plt.subplots(1, max(panels, 1), figsize=(4.2 * max(panels, 1), 3.4), squeeze=False)
+    for ax, row in zip(axes[0], rows, strict=False):
+        names = list(row["hit_rate"])
+        for i, b in enumerate(BUDGETS):
+            key = f"{b:.0%}"
+            vals = [row["hit_rate"][n][key] for n in names]
+            ax.bar(np.arange(len(names)) + 0.4 * i, vals, 0.4, label=f"hot tier {key}")
+        ax.set_xticks(
+            np.arange(len(names)) + 0.2, [n.replace("_", "\n") for n in names], fontsize=7
+        )
+        ax.set_title(f"{row['graph']} {row['stream']}: hot-tier hit rate", fontsize=9)
+        ax.legend(fontsize=7)
+    if "pipelines" in results:
+        ax = axes[0][-1]
+        rps = results["pipelines"]["rps"]
+        med = [rps[c]["median"] for c in rps]
+        err = [[m - rps[c]["min"] for m, c in zip(med, rps, strict=True)],
+               [rps[c]["max"] - m for m, c in zip(med, rps, strict=True)]]  # fmt: skip
+        ax.bar(range(len(rps)), med, yerr=err, color="#2a7")
+        ax.set_xticks(range(len(rps)), [f"{c} pipeline(s)" for c in rps], fontsize=7)
+        ax.set_title("shared-queue pipelines: req/s", fontsize=9)
+    save_figure(fig, path)
+
+
+if __name__ == "__main__":
+    main()
