@@ -1,0 +1,48 @@
+"""bench/quiver_streams.py: access counts equal a plain per-request count, per server too."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from gnnserve.graph import open_graph_store
+from gnnserve.sampling.sampler import NeighborSampler
+
+_PATH = Path(__file__).resolve().parents[2] / "bench" / "quiver_streams.py"
+_SPEC = importlib.util.spec_from_file_location("bench_quiver_streams", _PATH)
+assert _SPEC is not None and _SPEC.loader is not None
+streams = importlib.util.module_from_spec(_SPEC)
+sys.modules["bench_quiver_streams"] = streams
+_SPEC.loader.exec_module(streams)
+
+
+def test_counts_equal_a_plain_count_per_request_and_server(small_store: Path) -> None:
+    graph = open_graph_store(small_store)
+    seeds = streams.draw_seeds(streams.popularity("zipf", graph.num_nodes, 0), 300, 1)
+    got = streams.count_accesses(graph, [5, 3], seeds, (2, 3))
+    sampler = NeighborSampler(graph, [5, 3], seed=11)
+    total = np.zeros(graph.num_nodes, dtype=np.int64)
+    by_server = {p: np.zeros((p, graph.num_nodes), dtype=np.int64) for p in (2, 3)}
+    for i, s in enumerate(seeds):
+        for v in set(sampler.sample(np.array([s]), rng_seed=i).input_nodes.tolist()):
+            total[v] += 1
+            for p in (2, 3):
+                by_server[p][s % p, v] += 1
+    np.testing.assert_array_equal(got.total, total)
+    for p in (2, 3):
+        np.testing.assert_array_equal(got.per_server[p], by_server[p])
+    assert got.rows_read == total.sum()
+    held = np.zeros(graph.num_nodes, dtype=bool)
+    held[:500] = True
+    assert streams.hit_rate(total, held) == total[:500].sum() / total.sum()
+
+
+def test_popularity_is_a_distribution_skewed_by_zipf() -> None:
+    p = streams.popularity("zipf", 1000, 0)
+    assert abs(p.sum() - 1) < 1e-12
+    top = np.sort(p)[::-1]
+    assert top[0] / top[9] > 10**streams.ZIPF_A * 0.99  # rank 1 vs rank 10
+    np.testing.assert_allclose(streams.popularity("uniform", 4, 0), 0.25)
