@@ -110,7 +110,11 @@ def test_one_score_vector_replicates_the_top_and_deals_the_rest_round_robin() ->
     assert plan.replicated.tolist() == ranked[:r]
     assert [int(plan.owner[v]) for v in ranked[r:]] == [i % servers for i in range(n - r)]
     check_server_plan(plan, n)
+    # the owner array is what features.partitioned.FeatureCluster takes
     assert REPLICATED == partitioned.REPLICATED
+    assert np.array_equal(partitioned.check_owner(plan.owner, n, servers), plan.owner)
+    for p in range(servers):
+        assert np.array_equal(partitioned.held_rows(plan.owner, p), plan.held(p))
 
 
 @pytest.mark.parametrize("seed", range(12))
