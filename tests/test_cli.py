@@ -170,6 +170,10 @@ SERVE_FLAG_VALUES = [
     ("--update-log", "u.log", "store.update_log", "u.log"),
     ("--fsync", "never", "store.fsync", "never"),
     ("--presample", None, "sampler.presample", True),
+    ("--routing", "throughput", "sampler.routing", "throughput"),
+    ("--calibration", "c.json", "sampler.calibration", "c.json"),
+    ("--latency-slo-ms", "10", "batcher.latency_slo_ms", 10.0),
+    ("--psgs-bound", "loose", "batcher.psgs_bound", "loose"),
     ("--embeddings", "pes", "embeddings.path", "pes"),
     ("--embeddings-backend", "mmap", "embeddings.backend", "mmap"),
     ("--new-node-mode", "ns", "embeddings.mode", "ns"),
@@ -364,3 +368,29 @@ def test_objstore_command_serves_until_sigterm(tmp_path: Path) -> None:
 
     with pytest.raises(StoreFormatError, match=env["AWS_ENDPOINT_URL"]):  # weed went with it
         open_blobs("s3://cli/x", options).size("a")
+
+
+def test_calibrate_command_writes_the_profile_and_plot(
+    small_store: Path, small_ckpt: Path, tmp_path: Path, capsys
+) -> None:
+    from gnnserve.graph import open_graph_store
+    from gnnserve.models.checkpoint import load_checkpoint
+    from gnnserve.sampling.calibrate import POINTS, Identity, load_profile
+
+    out = tmp_path / "cal.json"
+    argv = ["calibrate", "--store", str(small_store), "--model", str(small_ckpt)]
+    small = ["--fanouts", "4,4", "--buckets", "3", "--runs", "2", "--max-seeds", "32"]
+    assert main([*argv, *small, "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "bucket 3/3" in text and f"calibration profile {out}" in text
+    identity = Identity.here(
+        load_checkpoint(small_ckpt).version, open_graph_store(small_store).version, [4, 4]
+    )
+    profile = load_profile(out, identity)
+    for name in POINTS:
+        assert f"{name}: PSGS {profile.points[name]:.0f}" in text
+    assert out.with_suffix(".png").read_bytes()[:4] == b"\x89PNG"
+    assert main([*argv, "--runs", "0"]) == 2  # refused before any work
+    assert "--runs" in capsys.readouterr().err
+    assert main([*argv, "--fanouts", "4", "--out", str(out)]) == 2  # 1 hop for 2 layers
+    assert "fanouts" in capsys.readouterr().err

@@ -1,4 +1,5 @@
-"""The ``gnnserve`` command: prepare | train | precompute | serve | bench | demo | log."""
+"""The ``gnnserve`` command: prepare | train | precompute | calibrate | serve | bench | demo |
+log | objstore | publish | faas."""
 
 from __future__ import annotations
 
@@ -44,6 +45,10 @@ SERVE_FLAGS: tuple[tuple[str, str], ...] = (
     ("--update-log", "store.update_log"),
     ("--fsync", "store.fsync"),
     ("--presample", "sampler.presample"),
+    ("--routing", "sampler.routing"),
+    ("--calibration", "sampler.calibration"),
+    ("--latency-slo-ms", "batcher.latency_slo_ms"),
+    ("--psgs-bound", "batcher.psgs_bound"),
     ("--embeddings", "embeddings.path"),
     ("--embeddings-backend", "embeddings.backend"),
     ("--new-node-mode", "embeddings.mode"),
@@ -175,6 +180,49 @@ def run_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _calibrate_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--store", required=True, help="store directory (`gnnserve prepare`)")
+    p.add_argument("--model", required=True, help="checkpoint directory (`gnnserve train`)")
+    p.add_argument("--fanouts", default=None, help="per-hop fanouts as serve uses them (25,10)")
+    p.add_argument("--out", default=None, help="profile JSON (default <store>/calibration.json)")
+    p.add_argument("--buckets", type=int, default=12, help="PSGS buckets (geometric)")
+    p.add_argument("--runs", type=int, default=10, help="timed batches per bucket and path")
+    p.add_argument("--max-seeds", type=int, default=1024, help="seeds of the largest bucket")
+    p.add_argument("--torch-threads", type=int, default=1, help="as serve --torch-threads")
+    p.add_argument("--seed", type=int, default=0)
+
+
+def run_calibrate(args: argparse.Namespace) -> int:
+    """Measure the sampling paths' latency curves; write the profile JSON and PNG; print the
+    crossover points (summed PSGS; inf: the curves do not cross in the measured range)."""
+    from gnnserve.engine.planner import calibrate
+    from gnnserve.errors import InvalidInputError
+    from gnnserve.fanouts import parse_fanouts
+
+    if args.buckets < 2 or min(args.runs, args.max_seeds, args.torch_threads) < 1:
+        raise InvalidInputError(
+            "--buckets must be at least 2, --runs, --max-seeds and --torch-threads at least 1",
+            "calibrate",
+        )
+    fanouts = parse_fanouts(args.fanouts)
+    profile, path, png = calibrate(
+        args.store,
+        args.model,
+        fanouts,
+        args.out,
+        args.buckets,
+        args.runs,
+        args.max_seeds,
+        args.torch_threads,
+        args.seed,
+        progress=lambda line: print(line, flush=True),
+    )
+    for name, point in profile.points.items():
+        print(f"{name}: PSGS {point:.0f}")
+    print(f"gnnserve: calibration profile {path}, plot {png}", flush=True)
+    return 0
+
+
 def _bench_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--url", default="http://127.0.0.1:8000/v1/predict", help="predict endpoint")
     p.add_argument("--num-nodes", type=int, required=True, help="node ids are drawn from [0, N)")
@@ -270,6 +318,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("precompute", help="write every layer's embeddings of a checkpoint")
     precompute.add_arguments(p)
     p.set_defaults(func=precompute.run)
+    p = sub.add_parser("calibrate", help="measure PSGS latency curves of the sampling paths")
+    _calibrate_arguments(p)
+    p.set_defaults(func=run_calibrate)
     p = sub.add_parser("serve", help="serve a checkpoint over HTTP")
     _serve_arguments(p)
     p.set_defaults(func=run_serve)

@@ -48,6 +48,16 @@ class SamplerConfig(_Strict):
     seed: int = 0  # sampler RNG seed
     # expected sampled nodes (PSGS) above which the parallel path runs
     parallel_threshold: int = 65536
+    routing: Literal["latency", "throughput"] | None = Field(
+        None,
+        description="take the parallel threshold from the calibration profile (`gnnserve "
+        "calibrate`): its latency point (max curves cross) or throughput point (mean curves "
+        "cross); unset = the constant parallel_threshold (also when the profile is missing or "
+        "stale, with a warning)",
+    )
+    calibration: str = Field(
+        "", description="calibration profile JSON; empty = <store>/calibration.json"
+    )
     presample: bool = Field(
         False,
         description="DGS pre-sampling: keep reservoirs for the default fanouts, updated on every "
@@ -68,6 +78,18 @@ class BatcherConfig(_Strict):
         0.0, ge=0.0, description="extra batching wait for a fuller batch, ms (0 = greedy)"
     )
     max_batch_cost: float | None = Field(None, gt=0)  # cap on a batch's summed PSGS; None = off
+    latency_slo_ms: float | None = Field(
+        None,
+        gt=0,
+        description="PSGS-bounded batching (Quiver Fig. 10): a batch closes before its summed "
+        "PSGS passes what the calibration profile's latency curve allows within this many ms; "
+        "needs a current profile (`gnnserve calibrate`), else the engine is not built",
+    )
+    psgs_bound: Literal["strict", "loose"] = Field(
+        "strict",
+        description="with latency_slo_ms: strict bounds by the max-latency curve, loose by the "
+        "mean curve (more throughput, some batches over the SLO)",
+    )
     pipeline_depth: int = Field(2, ge=1)  # batches in flight from sampling to results
     pipelines: int = Field(
         1,

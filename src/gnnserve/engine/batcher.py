@@ -1,5 +1,10 @@
 """Dynamic batching: coalesce concurrent requests into one batch of seed nodes.
 
+A batch closes at ``max_batch_nodes`` seeds or, when set, before its summed PSGS passes
+``max_batch_cost``. With ``latency_slo_ms`` that cost cap comes from the calibration profile
+(:func:`cost_bound`, Quiver §6 Fig. 10): PSGS-Strict inverts the served max-latency curve at the
+SLO, PSGS-Loose the mean curve.
+
 The batcher also reports to the admission :class:`~gnnserve.engine.delay.Backlog` when requests
 leave the queue and when batches leave the pipeline, which trains the service-time model.
 """
@@ -7,6 +12,7 @@ leave the queue and when batches leave the pipeline, which trains the service-ti
 from __future__ import annotations
 
 import contextlib
+import logging
 import queue
 import time
 from collections.abc import Callable
@@ -17,10 +23,12 @@ import numpy as np
 
 from gnnserve.config import BatcherConfig
 from gnnserve.engine.delay import Backlog
-from gnnserve.errors import DeadlineExceededError, GnnServeError
+from gnnserve.errors import DeadlineExceededError, GnnServeError, InvalidInputError
+from gnnserve.sampling.calibrate import CalibrationProfile, Stat, psgs_bound
 from gnnserve.types import MiniBatch, SampledSubgraph, Ticket
 
 STOP = object()  # sentinel closing a stage queue
+log = logging.getLogger(__name__)
 
 
 def _fail(ticket: Ticket, exc: GnnServeError) -> None:
@@ -42,6 +50,35 @@ class Batch:
     minibatch: MiniBatch | None = None  # set by the fetch stage
     stage_ms: dict[str, float] = field(default_factory=dict)  # per-stage wall time, ms
     token: int | None = None  # the batch's entry in the admission backlog
+
+
+def cost_bound(
+    config: BatcherConfig, profile: CalibrationProfile | None, threshold: float
+) -> float | None:
+    """A batch's cap on summed PSGS: ``config.max_batch_cost``, lowered with ``latency_slo_ms``
+    to the largest PSGS whose served latency curve (inline below ``threshold``, parallel from
+    it; max curve for ``psgs_bound: strict``, mean for ``loose``) stays within the SLO.
+
+    An SLO without a current ``profile`` raises InvalidInputError naming
+    ``batcher.latency_slo_ms``: an SLO that is silently not enforced would be a wrong answer.
+    """
+    slo = config.latency_slo_ms
+    if slo is None:
+        return config.max_batch_cost
+    if profile is None:
+        raise InvalidInputError(
+            "--latency-slo-ms needs a current calibration profile for this machine, model, "
+            "graph and fanouts (the log says why there is none): run `gnnserve calibrate "
+            "--store DIR --model DIR` first",
+            "batcher.latency_slo_ms",
+        )
+    stat: Stat = "max" if config.psgs_bound == "strict" else "mean"
+    bound = psgs_bound(profile, slo, stat, threshold)
+    smallest = min(c.psgs[0] for c in profile.curves.values())
+    if bound <= smallest:
+        log.warning("even the smallest calibrated batch takes over %.1f ms (%s)", slo, stat)
+    log.info("PSGS-%s batching: summed PSGS per batch <= %.0f for %.1f ms", stat, bound, slo)
+    return bound if config.max_batch_cost is None else min(bound, config.max_batch_cost)
 
 
 def drop_expired(batch: Batch) -> None:

@@ -22,10 +22,10 @@ from gnnserve.config import ServeConfig
 from gnnserve.dynamic.store import DynamicStore, UpdateResult
 from gnnserve.embeddings.base import EmbeddingStore
 from gnnserve.engine.admission import Admission
-from gnnserve.engine.batcher import STOP, Batch, Batcher
+from gnnserve.engine.batcher import STOP, Batch, Batcher, cost_bound
 from gnnserve.engine.delay import Backlog
 from gnnserve.engine.executor import EXECUTORS, ExecutionContext, Executor
-from gnnserve.engine.planner import Planner
+from gnnserve.engine.planner import Planner, serving_profile
 from gnnserve.engine.requests import RequestLimits, request_fields, validate_request
 from gnnserve.engine.warmup import warm_up_engine
 from gnnserve.errors import GnnServeError, ReadOnlyStoreError, ShuttingDownError
@@ -61,7 +61,9 @@ class Engine:
         self.updates = updates  # the mutable store behind graph/features, when there is one
         self.graph = graph
         self.features = features
-        self.planner = Planner(graph, self.config.sampler, runner.model.config.num_layers)
+        profile = serving_profile(self.config, graph, runner.version)  # routing / SLO
+        layers = runner.model.config.num_layers
+        self.planner = Planner(graph, self.config.sampler, layers, profile)
         self.psgs = self.planner.psgs  # expected sampled nodes per seed (None: graph changes)
         if updates is not None and self.planner.presampler is not None:
             updates.subscribe(self.planner.presampler)  # built from this version's CSR
@@ -74,8 +76,12 @@ class Engine:
             self.config.embeddings,
         )
         self._inbox: queue.Queue[object] = queue.Queue()
+        bound = cost_bound(
+            self.config.batcher, self.planner.profile, self.planner.parallel_threshold
+        )
+        batching = self.config.batcher.model_copy(update={"max_batch_cost": bound})
         self.batcher = Batcher(
-            self.config.batcher, self._inbox, self.planner.expected_size, self.admission.backlog
+            batching, self._inbox, self.planner.expected_size, self.admission.backlog
         )
         self.observers: list[Callable[[Batch], None]] = []  # called after each finished batch
         self.executor: Executor = EXECUTORS.create(

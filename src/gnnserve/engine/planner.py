@@ -4,25 +4,53 @@
 - otherwise -> on-demand k-hop sampling with those fanouts (one sampler per fanout tuple)
 
 A batch's fanouts were validated with its requests (``engine.requests``): they are trusted here.
+
+Hybrid routing (Quiver §4.2.2): the default-fanout sampler runs a batch inline when its summed
+PSGS is below ``parallel_threshold``, hop by hop in parallel from it on. ``sampler.routing``
+(latency | throughput) takes that threshold from a calibration profile (``gnnserve calibrate``,
+:mod:`gnnserve.sampling.calibrate`) measured on this machine for this model, graph and fanouts;
+without one the constant ``sampler.parallel_threshold`` stays, with a logged warning. Other
+fanouts keep the constant (the profile was measured for the default ones).
 """
 
 from __future__ import annotations
 
+import logging
+import math
 import threading
+from collections.abc import Callable
+from pathlib import Path
 from typing import Protocol
 
 import numpy as np
+import torch
 
-from gnnserve.config import SamplerConfig
+from gnnserve.config import SamplerConfig, ServeConfig
+from gnnserve.errors import InvalidInputError
 from gnnserve.fanouts import check_fanouts
+from gnnserve.features import open_feature_store
+from gnnserve.graph import open_graph_store
 from gnnserve.graph.base import GraphStore
+from gnnserve.models.checkpoint import load_checkpoint
+from gnnserve.models.runner import ModelRunner
+from gnnserve.sampling.calibrate import (
+    PROFILE_NAME,
+    CalibrationProfile,
+    Identity,
+    find_profile,
+    measure,
+    plot_profile,
+)
 from gnnserve.sampling.metrics import psgs
+from gnnserve.sampling.paths import NEVER
 from gnnserve.sampling.presample import PreSampler
 from gnnserve.sampling.sampler import NeighborSampler
 from gnnserve.types import SampledSubgraph
 
 Fanouts = tuple[int, ...]
 _MAX_SAMPLERS = 16  # distinct per-request fanout tuples kept warm
+ROUTING_POINTS = {"latency": "latency", "throughput": "throughput"}  # routing -> profile point
+log = logging.getLogger(__name__)
 
 
 class Sampler(Protocol):
@@ -38,7 +66,13 @@ class Sampler(Protocol):
 class Planner:
     """Maps a batch's fanouts to the sampler that serves them."""
 
-    def __init__(self, graph: GraphStore, config: SamplerConfig, num_layers: int) -> None:
+    def __init__(
+        self,
+        graph: GraphStore,
+        config: SamplerConfig,
+        num_layers: int,
+        profile: CalibrationProfile | None = None,
+    ) -> None:
         self.graph = graph
         self.config = config
         self.num_layers = num_layers
@@ -47,9 +81,12 @@ class Planner:
         # (a remote store's topology is read by the function instances, never whole here)
         cost = None if graph.mutable or not graph.local else psgs(graph, list(self.default))
         self.psgs = cost
-        self._samplers: dict[Fanouts, NeighborSampler] = {
-            self.default: self._on_demand(self.default, cost)
-        }
+        self.profile = profile if cost is not None else None  # its PSGS scale needs ``cost``
+        # summed PSGS from which a default-fanout batch goes hop by hop in parallel
+        self.parallel_threshold = routed_threshold(config, self.profile)
+        default = self._on_demand(self.default, cost)
+        default.parallel_threshold = self.parallel_threshold
+        self._samplers: dict[Fanouts, NeighborSampler] = {self.default: default}
         self.presampler: PreSampler | None = None
         if config.presample:
             indptr, indices = graph.csr()
@@ -76,3 +113,82 @@ class Planner:
     def expected_size(self, seeds: np.ndarray) -> float:
         """Expected sampled nodes of ``seeds`` under the default fanouts (batch cost)."""
         return self._samplers[self.default].expected_size(seeds)
+
+
+def routed_threshold(config: SamplerConfig, profile: CalibrationProfile | None) -> int:
+    """The default sampler's parallel threshold: the profile's point for ``config.routing``
+    (an infinite point: never parallel; 0: always), else ``config.parallel_threshold``."""
+    if config.routing is None or profile is None:
+        return config.parallel_threshold
+    point = profile.points[ROUTING_POINTS[config.routing]]
+    return NEVER if math.isinf(point) else max(int(math.ceil(point)), 0)
+
+
+def profile_path(config: ServeConfig) -> Path:
+    """Where the served profile is read: ``sampler.calibration``, else beside the store."""
+    return Path(config.sampler.calibration or Path(config.store.path) / PROFILE_NAME)
+
+
+def serving_profile(
+    config: ServeConfig, graph: GraphStore, model_version: str
+) -> CalibrationProfile | None:
+    """The calibration profile ``config`` asks for (routing or a latency SLO), checked against
+    this machine, ``model_version``, ``graph`` and the default fanouts; None when nothing asks
+    for one, or (with a logged warning) when it is missing or stale or the graph changes."""
+    if config.sampler.routing is None and config.batcher.latency_slo_ms is None:
+        return None
+    if graph.mutable or not graph.local:
+        log.warning("no calibrated routing: PSGS is not tracked on a changing or remote graph")
+        return None
+    if not (config.sampler.calibration or config.store.path):
+        log.warning("no calibration profile: no store directory or sampler.calibration given")
+        return None
+    expected = Identity.here(model_version, graph.version, list(config.sampler.fanouts))
+    profile = find_profile(profile_path(config), expected)
+    if profile is not None:
+        points = ", ".join(f"{k} {v:.0f}" for k, v in profile.points.items())
+        log.info("calibration profile %s: PSGS points %s", profile_path(config), points)
+    return profile
+
+
+def calibrate(
+    store_dir: str | Path,
+    model_dir: str | Path,
+    fanouts: list[int] | None = None,
+    out: str | Path | None = None,
+    buckets: int = 12,
+    runs: int = 10,
+    max_seeds: int = 1024,
+    torch_threads: int | None = 1,
+    seed: int = 0,
+    progress: Callable[[str], None] | None = None,
+) -> tuple[CalibrationProfile, Path, Path]:
+    """Calibrate the sampling paths of the store at ``store_dir`` with the checkpoint at
+    ``model_dir`` (see :func:`gnnserve.sampling.calibrate.measure`); writes the profile JSON to
+    ``out`` (default ``<store>/calibration.json``) and its PNG beside it (``.png``).
+
+    ``fanouts`` default to ``serve``'s; ``torch_threads`` as ``serve --torch-threads`` (the model
+    forward is part of each measured batch). Returns (profile, json path, png path).
+    """
+    graph = open_graph_store(store_dir)
+    features = open_feature_store(store_dir)
+    ckpt = load_checkpoint(model_dir)
+    if ckpt.config.in_dim != features.dim:
+        raise InvalidInputError(
+            f"model expects {ckpt.config.in_dim} input features, the store has {features.dim}",
+            "model",
+        )
+    fanouts = check_fanouts(fanouts or SamplerConfig().fanouts, hops=ckpt.config.num_layers)
+    identity = Identity.here(ckpt.version, graph.version, fanouts)
+    runner = ModelRunner(ckpt.model, ckpt.version)
+    before = torch.get_num_threads()
+    if torch_threads is not None:
+        torch.set_num_threads(torch_threads)
+    try:
+        profile = measure(
+            graph, features, runner.forward, identity, buckets, runs, max_seeds, seed, progress
+        )
+    finally:
+        torch.set_num_threads(before)
+    path = profile.save(Path(out) if out else Path(store_dir) / PROFILE_NAME)
+    return profile, path, plot_profile(profile, path.with_suffix(".png"))
