@@ -77,7 +77,13 @@ def cost_bound(
     smallest = min(c.psgs[0] for c in profile.curves.values())
     if bound <= smallest:
         log.warning("even the smallest calibrated batch takes over %.1f ms (%s)", slo, stat)
-    log.info("PSGS-%s batching: summed PSGS per batch <= %.0f for %.1f ms", stat, bound, slo)
+    log.info(
+        "PSGS-%s batching: summed PSGS per batch <= %.0f for %.1f ms (%s curve)",
+        config.psgs_bound,
+        bound,
+        slo,
+        stat,
+    )
     return bound if config.max_batch_cost is None else min(bound, config.max_batch_cost)
 
 
