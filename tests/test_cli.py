@@ -174,6 +174,7 @@ SERVE_FLAG_VALUES = [
     ("--calibration", "c.json", "sampler.calibration", "c.json"),
     ("--latency-slo-ms", "10", "batcher.latency_slo_ms", 10.0),
     ("--psgs-bound", "loose", "batcher.psgs_bound", "loose"),
+    ("--pipelines", "3", "batcher.pipelines", 3),
     ("--embeddings", "pes", "embeddings.path", "pes"),
     ("--embeddings-backend", "mmap", "embeddings.backend", "mmap"),
     ("--new-node-mode", "ns", "embeddings.mode", "ns"),

@@ -49,6 +49,7 @@ SERVE_FLAGS: tuple[tuple[str, str], ...] = (
     ("--calibration", "sampler.calibration"),
     ("--latency-slo-ms", "batcher.latency_slo_ms"),
     ("--psgs-bound", "batcher.psgs_bound"),
+    ("--pipelines", "batcher.pipelines"),
     ("--embeddings", "embeddings.path"),
     ("--embeddings-backend", "embeddings.backend"),
     ("--new-node-mode", "embeddings.mode"),
