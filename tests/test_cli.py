@@ -175,6 +175,8 @@ SERVE_FLAG_VALUES = [
     ("--latency-slo-ms", "10", "batcher.latency_slo_ms", 10.0),
     ("--psgs-bound", "loose", "batcher.psgs_bound", "loose"),
     ("--pipelines", "3", "batcher.pipelines", 3),
+    ("--tiers", "ram=1G", "store.tiers", "ram=1G"),
+    ("--tier-refresh-s", "60", "store.tier_refresh_s", 60.0),
     ("--embeddings", "pes", "embeddings.path", "pes"),
     ("--embeddings-backend", "mmap", "embeddings.backend", "mmap"),
     ("--new-node-mode", "ns", "embeddings.mode", "ns"),

@@ -44,6 +44,8 @@ SERVE_FLAGS: tuple[tuple[str, str], ...] = (
     ("--no-warm-up", "compute.warm_up"),
     ("--update-log", "store.update_log"),
     ("--fsync", "store.fsync"),
+    ("--tiers", "store.tiers"),
+    ("--tier-refresh-s", "store.tier_refresh_s"),
     ("--presample", "sampler.presample"),
     ("--routing", "sampler.routing"),
     ("--calibration", "sampler.calibration"),

@@ -36,6 +36,17 @@ class StoreConfig(_Strict):
         description="update log durability: always (survives power loss) | never (survives a "
         "process crash)",
     )
+    tiers: str = Field(
+        "",
+        description="feature tiers placed by FAP, fastest first, e.g. ram=256M,disk=1G (the rest "
+        "is read from the store); empty = the feature backend alone",
+    )
+    tier_refresh_s: float = Field(
+        0.0,
+        ge=0.0,
+        description="with tiers: re-place them every S seconds from the seeds served (0 = keep "
+        "the start-up placement, uniform p0)",
+    )
 
 
 class SamplerConfig(_Strict):

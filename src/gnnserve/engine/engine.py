@@ -15,6 +15,7 @@ import queue
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -34,6 +35,9 @@ from gnnserve.graph.base import GraphStore
 from gnnserve.models.runner import ModelRunner
 from gnnserve.newnodes.service import NewNodeService
 from gnnserve.types import OutputKind, Request, Result
+
+if TYPE_CHECKING:
+    from gnnserve.engine.placement import TierRefresher
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +64,6 @@ class Engine:
         self.config = config or ServeConfig()
         self.updates = updates  # the mutable store behind graph/features, when there is one
         self.graph = graph
-        self.features = features
         profile = serving_profile(self.config, graph, runner.version)  # routing / SLO
         layers = runner.model.config.num_layers
         self.planner = Planner(graph, self.config.sampler, layers, profile)
@@ -84,6 +87,8 @@ class Engine:
             batching, self._inbox, self.planner.expected_size, self.admission.backlog
         )
         self.observers: list[Callable[[Batch], None]] = []  # called after each finished batch
+        self.on_stop: list[Callable[[], None]] = []  # background helpers' stops, after the drain
+        self.tiers: TierRefresher | None = None  # re-places feature tiers from traffic, when on
         self.executor: Executor = EXECUTORS.create(
             self.config.deploy.mode,
             ExecutionContext(
@@ -129,6 +134,8 @@ class Engine:
         self._inbox.put(STOP)
         self.executor.stop(timeout_s)
         self._started = False
+        for stop in self.on_stop:
+            stop()
         if self.updates is not None:
             self.updates.close()
 
@@ -141,6 +148,17 @@ class Engine:
     def runner(self, runner: ModelRunner) -> None:
         """Run batches with ``runner`` from the next one on (tests wrap the model this way)."""
         self.executor.context.runner = runner
+
+    @property
+    def features(self) -> FeatureStore:
+        """The served feature store (the executor's)."""
+        return self.executor.context.features
+
+    @features.setter
+    def features(self, features: FeatureStore) -> None:
+        """Read batches' features from ``features`` from the next batch on (a re-placed tiered
+        store); new-node requests keep the store the engine was built with."""
+        self.executor.context.features = features
 
     @property
     def started(self) -> bool:

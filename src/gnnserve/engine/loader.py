@@ -17,6 +17,7 @@ from gnnserve.dynamic.store import DynamicStore
 from gnnserve.embeddings.base import EmbeddingStore
 from gnnserve.embeddings.stores import default_embeddings_dir, open_embeddings
 from gnnserve.engine.engine import Engine
+from gnnserve.engine.placement import TierRefresher, parse_tiers, place
 from gnnserve.errors import (
     GnnServeError,
     InvalidInputError,
@@ -24,7 +25,9 @@ from gnnserve.errors import (
     StaleEmbeddingsError,
     StoreFormatError,
 )
+from gnnserve.fanouts import check_fanouts
 from gnnserve.features import open_feature_store
+from gnnserve.features.base import FeatureStore
 from gnnserve.features.remote import RemoteFeatures
 from gnnserve.graph import open_graph_store
 from gnnserve.graph.base import GraphStore
@@ -50,7 +53,11 @@ def build_engine(config: ServeConfig) -> Engine:
         verify_checksum(config.store.path)
     check = config.store.check_structure
     graph = open_graph_store(config.store.path, config.store.graph_backend, check)
-    features = open_feature_store(config.store.path, config.store.feature_backend, check)
+    features = open_feature_store(
+        config.store.path, "mmap" if config.store.tiers else config.store.feature_backend, check
+    )
+    if config.store.tiers:  # the table was checked above; the tiers read the store themselves
+        features = _tiered(config, graph)
     ckpt = load_checkpoint(config.model_path)
     if ckpt.config.in_dim != features.dim:
         raise InvalidInputError(
@@ -63,7 +70,11 @@ def build_engine(config: ServeConfig) -> Engine:
     runner = ModelRunner(ckpt.model, ckpt.version)
     if not config.store.update_log:
         pes, problem = load_embeddings(config, graph, ckpt.version)
-        return Engine(graph, features, runner, config, embeddings=pes, embeddings_error=problem)
+        engine = Engine(graph, features, runner, config, embeddings=pes, embeddings_error=problem)
+        if config.store.tiers and config.store.tier_refresh_s > 0:
+            budgets = parse_tiers(config.store.tiers)
+            engine.tiers = TierRefresher(engine, budgets, config.store.tier_refresh_s).start()
+        return engine
     store = DynamicStore(graph, features, config.store.update_log, config.store.fsync)
     try:
         pes, problem = load_embeddings(config, store.view, ckpt.version)  # after the replay
@@ -79,6 +90,18 @@ def build_engine(config: ServeConfig) -> Engine:
         embeddings=pes,
         embeddings_error=problem,
     )
+
+
+def _tiered(config: ServeConfig, graph: GraphStore) -> FeatureStore:
+    """The features in FAP-placed tiers (``store.tiers``), for a static store."""
+    if config.store.update_log:
+        raise InvalidInputError(
+            "feature tiers are placed once over a static store: drop --update-log or --tiers",
+            "store.tiers",
+        )
+    budgets = parse_tiers(config.store.tiers)
+    fanouts = check_fanouts(config.sampler.fanouts)
+    return place(config.store.path, graph, fanouts, budgets)
 
 
 def build_gateway_engine(config: ServeConfig) -> Engine:

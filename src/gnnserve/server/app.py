@@ -22,6 +22,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gnnserve.engine.engine import Engine
+from gnnserve.engine.placement import tier_stats
 from gnnserve.errors import GnnServeError, InvalidInputError, UnknownModelError
 from gnnserve.server import oip
 from gnnserve.server.auth import ApiKeys, RequireApiKey
@@ -150,6 +151,7 @@ def create_app(
     metrics = ServerMetrics()
     engine.observers.append(metrics.observe_batch)
     metrics.watch_executor(engine.executor.describe)
+    metrics.also_render(tier_stats(lambda: engine.features))
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:

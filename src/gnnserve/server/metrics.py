@@ -18,6 +18,7 @@ class ServerMetrics:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
+        self._extra: list[Callable[[], bytes]] = []
         r = self.registry
         self.request_latency = Histogram(
             "gnnserve_request_latency_seconds",
@@ -56,9 +57,14 @@ class ServerMetrics:
         if batch.subgraph is not None:
             self.batch_size.observe(batch.subgraph.num_seeds)
 
+    def also_render(self, render: Callable[[], bytes]) -> None:
+        """Append ``render()``'s exposition text (another registry, e.g. the current feature
+        store's tier counters, which a re-placement replaces) to every scrape."""
+        self._extra.append(render)
+
     def render(self) -> bytes:
         """The exposition text."""
-        return generate_latest(self.registry)
+        return generate_latest(self.registry) + b"".join(r() for r in self._extra)
 
 
 class _ExecutorCollector:
