@@ -26,9 +26,17 @@ import gnnserve  # noqa: F401  (first: sets the OpenMP wait policy)
 from common import RESULTS, Targets, environment, fb100_sage, save_figure
 from gnnserve.data import generators
 from gnnserve.data.writer import write_store
+from gnnserve.deploy.ray import start_ray, stop_ray
 from gnnserve.graph import open_graph_store
 from quiver_pipelines import run_pipelines
-from quiver_placement import BUDGETS, run_stream
+from quiver_placement import (
+    BUDGETS,
+    gather_times,
+    measured_remote_share,
+    remote_shares,
+    run_stream,
+    server_plans,
+)
 from quiver_streams import STREAMS
 
 FANOUTS = [25, 10]
@@ -41,6 +49,7 @@ def parse() -> argparse.Namespace:
     p.add_argument("--sections", default="placement,pipelines")
     p.add_argument("--rmat", action="store_true", help="also the 2^20-node R-MAT graph")
     p.add_argument("--requests", type=int, default=20_000, help="per stream half")
+    p.add_argument("--measured", type=int, default=2000, help="requests through real stores")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--window-s", type=float, default=10.0)
     p.add_argument("--work", type=Path, default=Path("/tmp/gnnserve-quiver-bench"))
@@ -73,27 +82,75 @@ def placement(args: argparse.Namespace, stores: dict[str, Path], targets: Target
         for kind in STREAMS:
             print(f"[quiver] placement {name} {kind} ...", flush=True)
             row = run_stream(graph, FANOUTS, kind, args.requests, SERVERS)
-            public = {k: v for k, v in row.items() if k not in ("history", "accesses", "ranking")}
-            rows.append({"graph": name, **public})
-            hr = row["hit_rate"]
-            for b in BUDGETS:
-                key = f"{b:.0%}"
-                print(
-                    f"[quiver]   hot {key}: fap {hr['fap'][key]:.3f} degree "
-                    f"{hr['degree'][key]:.3f} random {hr['random'][key]:.3f} best static "
-                    f"{hr['best_static'][key]:.3f}",
-                    flush=True,
+            row["remote_share_counted"] = remote_shares(graph, FANOUTS, row, SERVERS)
+            row["remote_share_measured"] = measured_shares(store, graph, row, args.measured)
+            row["gather_ms"] = {
+                f"{b:.0%}": gather_times(
+                    store, row["ranking"], graph, FANOUTS, row["future"][: args.measured], b
                 )
-                gain = hr["fap"][key] - hr["degree"][key]
-                goal = 0.10 if kind == "zipf" else 0.0
-                targets.check(f"{name} {kind} hot {key}: FAP - degree hit rate", gain, goal)
+                for b in BUDGETS
+            }
+            report(name, kind, row, targets)
+            public = {k: v for k, v in row.items() if k not in PRIVATE}
+            rows.append({"graph": name, **public})
     return rows
+
+
+PRIVATE = ("history", "future", "accesses", "ranking")
+
+
+def measured_shares(store: Path, graph: Any, row: dict, requests: int) -> dict:
+    """Remote share through real feature-server actors for P = 2, 4 (a share of the stream)."""
+    started = start_ray(num_cpus=4)
+    try:
+        out = {}
+        for p in (2, 4):
+            plans = server_plans(graph, FANOUTS, row["history"], p)
+            seeds = row["future"][:requests]
+            out[str(p)] = {
+                n: measured_remote_share(store, plan, graph, FANOUTS, seeds)
+                for n, plan in plans.items()
+            }
+        return out
+    finally:
+        stop_ray(started)
+
+
+def report(name: str, kind: str, row: dict, targets: Targets) -> None:
+    """Print a stream's figures and record its targets."""
+    hr = row["hit_rate"]
+    for b in BUDGETS:
+        key = f"{b:.0%}"
+        print(
+            f"[quiver] {name} {kind} hot {key}: fap {hr['fap'][key]:.3f} degree "
+            f"{hr['degree'][key]:.3f} random {hr['random'][key]:.3f} best static "
+            f"{hr['best_static'][key]:.3f}",
+            flush=True,
+        )
+        gain = hr["fap"][key] - hr["degree"][key]
+        goal = 0.10 if kind == "zipf" else 0.0
+        targets.check(f"{name} {kind} hot {key}: FAP - degree hit rate", gain, goal)
+        g = row["gather_ms"][key]
+        print(f"[quiver]   gather ms {key}: " + " ".join(f"{k} {v:.3f}" for k, v in g.items()))
+    for p, shares in row["remote_share_counted"].items():
+        print(
+            f"[quiver]   P={p} remote share: " + " ".join(f"{k} {v:.3f}" for k, v in shares.items())
+        )
+    for p, shares in row["remote_share_measured"].items():
+        print(
+            f"[quiver]   P={p} measured:     " + " ".join(f"{k} {v:.3f}" for k, v in shares.items())
+        )
+    four = row["remote_share_counted"]["4"]
+    targets.check(
+        f"{name} {kind} P=4 remote bytes FAP / hash", four["fap"] / four["hash"], 0.5,
+        higher_is_better=False,
+    )  # fmt: skip
 
 
 def main() -> None:
     args = parse()
     if args.quick:
-        args.requests, args.rounds, args.window_s = 3000, 1, 3.0
+        args.requests, args.rounds, args.window_s, args.measured = 3000, 1, 3.0, 300
     args.work.mkdir(parents=True, exist_ok=True)
     stores = graphs(args)
     targets = Targets()
