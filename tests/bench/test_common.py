@@ -2,19 +2,12 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 
-_PATH = Path(__file__).resolve().parents[2] / "bench" / "common.py"
-_SPEC = importlib.util.spec_from_file_location("bench_common", _PATH)
-assert _SPEC is not None and _SPEC.loader is not None
-common = importlib.util.module_from_spec(_SPEC)
-sys.modules["bench_common"] = common  # dataclasses look their module up
-_SPEC.loader.exec_module(common)
+from tests.bench.loader import load_bench
+
+common = load_bench("common")
 
 
 def test_interleaved_rounds_reverse_the_order_every_other_round() -> None:

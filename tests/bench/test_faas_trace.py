@@ -2,20 +2,12 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import numpy as np
 
+from tests.bench.loader import load_bench
 from tests.conftest import datasets_dir
 
-_PATH = Path(__file__).resolve().parents[2] / "bench" / "faas_trace.py"
-_SPEC = importlib.util.spec_from_file_location("bench_faas_trace", _PATH)
-assert _SPEC is not None and _SPEC.loader is not None
-trace = importlib.util.module_from_spec(_SPEC)
-sys.modules["bench_faas_trace"] = trace
-_SPEC.loader.exec_module(trace)
+trace = load_bench("faas_trace")
 
 
 def test_arrivals_keep_per_minute_counts_and_order() -> None:

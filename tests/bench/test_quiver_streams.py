@@ -2,21 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import numpy as np
 
 from gnnserve.graph import open_graph_store
 from gnnserve.sampling.sampler import NeighborSampler
+from tests.bench.loader import load_bench
 
-_PATH = Path(__file__).resolve().parents[2] / "bench" / "quiver_streams.py"
-_SPEC = importlib.util.spec_from_file_location("bench_quiver_streams", _PATH)
-assert _SPEC is not None and _SPEC.loader is not None
-streams = importlib.util.module_from_spec(_SPEC)
-sys.modules["bench_quiver_streams"] = streams
-_SPEC.loader.exec_module(streams)
+streams = load_bench("quiver_streams")
 
 
 def test_counts_equal_a_plain_count_per_request_and_server(small_store: Path) -> None:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -12,14 +10,9 @@ import pytest
 from gnnserve.data.generators import sbm
 from gnnserve.features import open_feature_store
 from gnnserve.graph import open_graph_store
+from tests.bench.loader import load_bench
 
-_BENCH = Path(__file__).resolve().parents[2] / "bench"
-sys.path.insert(0, str(_BENCH))  # srpe_protocol imports its siblings by plain name
-_SPEC = importlib.util.spec_from_file_location("bench_srpe_protocol", _BENCH / "srpe_protocol.py")
-assert _SPEC is not None and _SPEC.loader is not None
-protocol = importlib.util.module_from_spec(_SPEC)
-sys.modules["bench_srpe_protocol"] = protocol  # dataclasses look their module up
-_SPEC.loader.exec_module(protocol)
+protocol = load_bench("srpe_protocol")
 
 N = 300
 

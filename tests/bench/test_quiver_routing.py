@@ -1,0 +1,110 @@
+"""bench/quiver_routing.py pure helpers and load generators, against plain computations."""
+
+from __future__ import annotations
+
+import math
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from gnnserve.errors import OverloadedError
+from gnnserve.graph import open_graph_store
+from tests.bench.loader import load_bench
+
+routing = load_bench("quiver_routing")
+
+
+def test_nearest_rank_is_the_smallest_value_covering_q_percent() -> None:
+    rng = np.random.default_rng(0)
+    for n in (1, 7, 100, 333):
+        v = rng.exponential(5.0, n)
+        v[rng.random(n) < 0.05] = math.inf  # failed requests
+        for q in (50, 90, 99, 100):
+            # brute force: the smallest value x with at least q% of the values <= x
+            want = min(x for x in v if np.sum(v <= x) >= q / 100 * n)
+            assert routing.nearest_rank(v, q) == want
+    assert routing.nearest_rank(np.array([]), 99) == math.inf
+
+
+def test_draw_request_sizes_follow_the_mix_and_nodes_the_degree() -> None:
+    deg = np.array([0, 1, 3, 0, 6], dtype=float)
+    cdf = np.cumsum(deg) / deg.sum()
+    rng = np.random.default_rng(1)
+    mix = {1: 0.5, 4: 0.3, 9: 0.2}
+    reqs = [routing.draw_request(rng, cdf, mix) for _ in range(20_000)]
+    sizes = np.array([r.size for r in reqs])
+    for size, share in mix.items():  # 4 sigma of a binomial share
+        assert abs(np.mean(sizes == size) - share) < 4 * math.sqrt(share * (1 - share) / 20_000)
+    nodes = np.concatenate(reqs)
+    assert nodes.dtype == np.int64
+    counts = np.bincount(nodes, minlength=deg.size)
+    assert counts[0] == 0 and counts[3] == 0  # no edges: never drawn
+    want = deg / deg.sum()
+    sigma = np.sqrt(want * (1 - want) / nodes.size)
+    assert np.all(np.abs(counts / nodes.size - want) <= 4 * sigma + 1e-12)
+
+
+def test_degree_cdf_is_the_cumulative_out_degree_share(small_store: Path) -> None:
+    indptr, indices = open_graph_store(small_store).csr()
+    n = indptr.size - 1
+    deg = np.bincount(np.repeat(np.arange(n), np.diff(indptr)), minlength=n)  # row lengths
+    got = routing.degree_cdf(small_store)
+    assert got[-1] == 1.0
+    np.testing.assert_allclose(np.diff(np.concatenate([[0.0], got])), deg / deg.sum())
+
+
+def test_best_fixed_takes_the_top_share_then_throughput_among_ties() -> None:
+    shares = {"a": 0.90, "b": 0.895, "c": 0.70, "d": 0.885}
+    rps = {"a": 100.0, "b": 150.0, "c": 900.0, "d": 999.0}
+    assert routing.best_fixed(shares, rps) == "b"  # a and b tie within 1 point; d is 1.5 off
+    assert routing.best_fixed(shares, rps, tie=0.0) == "a"
+    assert routing.best_fixed(shares, rps, tie=0.3) == "d"
+
+
+def test_slo_arms_differ_only_in_the_batch_bound() -> None:
+    arms = routing.slo_arms(10.0, (16, 64))
+    assert set(arms) == {"strict", "loose", "fixed_16", "fixed_64"}
+    assert arms["strict"]["batcher.psgs_bound"] == "strict"
+    assert arms["loose"]["batcher.psgs_bound"] == "loose"
+    assert all(a["sampler.routing"] == "latency" for a in arms.values())
+    assert arms["fixed_64"] == {"sampler.routing": "latency", "batcher.max_batch_nodes": 64}
+
+
+class FakeEngine:
+    """Answers every request at once, refuses (429) those of exactly 128 nodes."""
+
+    def __init__(self) -> None:
+        self.sizes: list[int] = []
+
+    def request(self, nodes: np.ndarray) -> np.ndarray:
+        return nodes
+
+    def submit(self, nodes: np.ndarray) -> Future[Any]:
+        self.sizes.append(int(nodes.size))
+        if nodes.size == 128:
+            raise OverloadedError("full")
+        future: Future[Any] = Future()
+        future.set_result(None)
+        return future
+
+
+def test_open_loop_counts_refusals_as_infinite_and_answers_as_finite() -> None:
+    engine = FakeEngine()
+    cdf = np.linspace(0.1, 1.0, 10)
+    lat = routing.open_loop(engine, cdf, 400.0, 0.5, seed=3)
+    assert lat.size == len(engine.sizes) > 100
+    refused = np.array(engine.sizes) == 128
+    assert refused.any()
+    assert np.all(np.isinf(lat[refused]))
+    assert np.all(np.isfinite(lat[~refused])) and np.all(lat[~refused] < 50)
+
+
+def test_closed_loop_returns_one_latency_per_request_in_the_window() -> None:
+    engine = FakeEngine()
+    cdf = np.linspace(0.1, 1.0, 10)
+    lat = routing.closed_loop(engine, cdf, 2, 0.3)
+    assert 0 < lat.size < len(engine.sizes)  # the ramp's requests are not counted
+    share_refused = np.mean(np.isinf(lat))
+    assert abs(share_refused - routing.MIX[128]) < 0.05
