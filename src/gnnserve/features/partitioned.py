@@ -147,7 +147,7 @@ class PartitionedFeatures(FeatureStore):
             at = away[owners == p]
             pending.append((at, self.cluster.actors[int(p)].read.remote(ids[at])))
         for at, rows in zip((a for a, _ in pending), ray.get([r for _, r in pending]), strict=True):
-            out[torch.from_numpy(at)] = torch.from_numpy(rows)
+            out.numpy()[at] = rows  # Ray hands back a read-only array: numpy copies it in
         with self._lock:
             self.stats.local_rows += int(here.sum())
             self.stats.remote_rows += int(away.size)
