@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from concurrent.futures import Future
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -73,7 +74,8 @@ def test_slo_arms_differ_only_in_the_batch_bound() -> None:
 
 
 class FakeEngine:
-    """Answers every request at once, refuses (429) those of exactly 128 nodes."""
+    """Answers every request at once (timings: 0.25 ms queued of 1 ms), refuses (429) those of
+    exactly 128 nodes."""
 
     def __init__(self) -> None:
         self.sizes: list[int] = []
@@ -86,7 +88,7 @@ class FakeEngine:
         if nodes.size == 128:
             raise OverloadedError("full")
         future: Future[Any] = Future()
-        future.set_result(None)
+        future.set_result(SimpleNamespace(timings=SimpleNamespace(queue_ms=0.25, total_ms=1.0)))
         return future
 
 
@@ -104,7 +106,10 @@ def test_open_loop_counts_refusals_as_infinite_and_answers_as_finite() -> None:
 def test_closed_loop_returns_one_latency_per_request_in_the_window() -> None:
     engine = FakeEngine()
     cdf = np.linspace(0.1, 1.0, 10)
-    lat = routing.closed_loop(engine, cdf, 2, 0.3)
-    assert 0 < lat.size < len(engine.sizes)  # the ramp's requests are not counted
-    share_refused = np.mean(np.isinf(lat))
-    assert abs(share_refused - routing.MIX[128]) < 0.05
+    rows = routing.closed_loop(engine, cdf, 2, 0.3)
+    assert rows.shape[1] == 2
+    assert 0 < rows.shape[0] < len(engine.sizes)  # the ramp's requests are not counted
+    refused = np.isinf(rows[:, 0])
+    assert abs(np.mean(refused) - routing.MIX[128]) < 0.05
+    assert np.all(np.isinf(rows[refused, 1]))
+    assert np.all(rows[~refused, 1] == 0.75)  # the batch part: total - queued

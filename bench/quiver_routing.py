@@ -1,0 +1,400 @@
+"""Quiver §4.2 / §6 Fig. 10 on this machine: calibration, PSGS-bounded batching, hybrid routing.
+
+Three sections for bench/quiver.py, each returning a JSON-able dict:
+
+- :func:`run_calibration`: ``gnnserve calibrate``'s code (``engine.planner.calibrate``) on a
+  store + checkpoint; profile JSON + PNG under ``work``; curves and the four crossover points.
+- :func:`run_slo`: PSGS-Strict vs PSGS-Loose vs fixed ``batcher.max_batch_nodes`` bounds under a
+  **closed loop** of ``clients`` threads with no think time (each answer is replaced by a new
+  request at once; default 8 clients, where throughput stops growing with more clients on the
+  2-core bench machine: 3 clients ~470 req/s, 8 ~630-750, 16 ~650-990, noisy). End-to-end
+  latency then includes the wait behind the batch in progress (Little: mean ~ clients / req/s),
+  which no batch bound removes; the *batch part* (batch closed -> answered, what a PSGS bound
+  caps) is reported beside it as ``batch_part_within_slo``. Requests mix
+  1, 16 and 128 nodes (``MIX``), seeds drawn with probability proportional to out-degree (Quiver's
+  workload). Within-SLO share = requests answered within ``slo_ms`` of their submit / requests
+  completed in the window (a refused or failed request counts as over the SLO); throughput =
+  answered requests per second. The *best fixed bound* is the candidate with the highest median
+  within-SLO share; candidates within ``TIE`` (1 point) of it are tied and the one with the
+  highest median throughput among them is taken (Quiver: "a fixed batch size that the most serves
+  requests below 10 ms").
+- :func:`run_routing`: ``sampler.routing`` latency / throughput (threshold from the profile) vs
+  inline only (``sampler.parallel_threshold`` = 2^62: never parallel) vs parallel only (threshold
+  1) on the same mix, **open loop** (Poisson arrivals from one generator thread): capacity = the
+  highest rate whose p99 (nearest rank, from the scheduled send time; refused, failed or
+  unanswered requests count as infinite) is <= ``P99_MS``, searched by ``common.find_capacity``
+  (ladder x1.5 from the previous round's capacity of the arm, then bisection to 15%). The
+  reported throughput is that capacity (offered req/s of the highest passing probe: with p99
+  within the bound, at least 99% of its requests were answered; each probe's answered req/s is
+  kept in ``capacity_search``).
+
+Every arm builds its own engine (``gnnserve.engine.loader.build_engine``) and warms it up (and,
+in run_routing, WARM_S of untimed open loop so both paths have run); rounds interleave the arms
+(A B B A); medians with ranges. All arms of run_slo route at the profile's latency point.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from common import find_capacity, fmt_range, interleaved_rounds, median_range, ratios
+from gnnserve.config import ServeConfig
+from gnnserve.engine.loader import build_engine
+from gnnserve.errors import GnnServeError
+from gnnserve.graph import open_graph_store
+from gnnserve.sampling.calibrate import CalibrationProfile, psgs_bound
+from gnnserve.sampling.paths import NEVER  # a parallel threshold no batch reaches
+
+FANOUTS = [25, 10]  # calibrated and served (the serve default, as bench/quiver.py placement)
+MIX = {1: 0.6, 16: 0.3, 128: 0.1}  # request size (nodes) -> share of requests
+CLIENTS = 8  # closed-loop clients of run_slo
+FIXED = (16, 64, 256, 1024)  # max_batch_nodes candidates of run_slo
+TIE = 0.01  # within-SLO shares this close to the best fixed one count as tied
+P99_MS = 30.0  # run_routing's latency bound
+PROBES = 5  # run_routing: a probe lasts window_s / PROBES, at least MIN_PROBE_S
+MIN_PROBE_S = 1.0
+WARM_S = 0.5  # run_routing: untimed open loop on each new engine before its capacity search
+RAMP_S = 0.5  # closed loop: ramp-up before the counted window
+
+
+def log(msg: str) -> None:
+    """One progress line, prefixed ``[quiver]``."""
+    print(f"[quiver] {msg}", flush=True)
+
+
+# pure helpers ---------------------------------------------------------------------------------
+def degree_cdf(store: Path) -> np.ndarray:
+    """Cumulative out-degree share per node (float64, last = 1): seeds drawn ∝ out-degree."""
+    indptr, _ = open_graph_store(store).csr()
+    deg = np.diff(np.asarray(indptr, dtype=np.int64)).astype(np.float64)
+    if deg.sum() <= 0:
+        deg = np.ones_like(deg)
+    return np.cumsum(deg) / deg.sum()
+
+
+def draw_request(rng: np.random.Generator, cdf: np.ndarray, mix: dict[int, float]) -> np.ndarray:
+    """Node ids (int64) of one request: size drawn from ``mix``, nodes ∝ degree (``cdf``)."""
+    sizes = np.fromiter(mix, dtype=np.int64)
+    probs = np.fromiter(mix.values(), dtype=np.float64)
+    size = int(rng.choice(sizes, p=probs / probs.sum()))
+    ids = np.searchsorted(cdf, rng.random(size) * cdf[-1], side="right")
+    return np.minimum(ids, cdf.size - 1).astype(np.int64)
+
+
+def nearest_rank(latencies_ms: np.ndarray, q: float) -> float:
+    """The ``q``-th percentile (0-100) by nearest rank; ``inf`` entries (failed) sort last."""
+    v = np.sort(np.asarray(latencies_ms, dtype=np.float64))
+    if v.size == 0:
+        return math.inf
+    return float(v[max(math.ceil(q / 100 * v.size), 1) - 1])
+
+
+def best_fixed(shares: dict[str, float], rps: dict[str, float], tie: float = TIE) -> str:
+    """Fixed bound with the highest within-SLO share; among those within ``tie`` of it, the
+    one with the highest throughput (req/s)."""
+    top = max(shares.values())
+    tied = [k for k, s in shares.items() if s >= top - tie]
+    return max(tied, key=lambda k: rps[k])
+
+
+# engines and load -----------------------------------------------------------------------------
+def read_profile(profile_path: Path) -> CalibrationProfile:
+    """The calibration profile at ``profile_path`` (not checked against this machine)."""
+    return CalibrationProfile.from_json(Path(profile_path).read_text(), str(profile_path))
+
+
+def profile_fanouts(profile_path: Path) -> list[int]:
+    """The fanouts a calibration profile was measured for."""
+    return list(read_profile(profile_path).identity.fanouts)
+
+
+def engine_for(store: Path, ckpt: Path, profile_path: Path, **settings: Any) -> Any:
+    """A started, warmed-up engine for ``store``/``ckpt`` with the profile's fanouts."""
+    base = {
+        "store.path": str(store),
+        "model_path": str(ckpt),
+        "sampler.fanouts": profile_fanouts(profile_path),
+        "sampler.calibration": str(profile_path),
+        "admission.max_queue_requests": 10_000,
+    }
+    engine = build_engine(ServeConfig.load(None, **(base | settings)))
+    engine.warm_up()
+    return engine
+
+
+def closed_loop(engine: Any, cdf: np.ndarray, clients: int, window_s: float) -> np.ndarray:
+    """[k, 2] ms of the requests completed in a ``window_s`` window after a RAMP_S ramp, from
+    ``clients`` closed-loop threads with no think time: column 0 end to end from submit, column
+    1 the batch's part (batch closed -> answered, the latency a PSGS bound caps); ``inf`` for a
+    refused or failed request."""
+    stop = threading.Event()
+    done: list[list[tuple[float, float, float]]] = [[] for _ in range(clients)]
+
+    def client(i: int) -> None:
+        rng = np.random.default_rng(1000 + i)
+        while not stop.is_set():
+            request = engine.request(draw_request(rng, cdf, MIX))
+            start = time.perf_counter()
+            try:
+                timings = engine.submit(request).result(timeout=60).timings
+                ms = (time.perf_counter() - start) * 1e3
+                batch_ms = timings.total_ms - timings.queue_ms
+            except (GnnServeError, TimeoutError):
+                ms = batch_ms = math.inf
+            done[i].append((time.perf_counter(), ms, batch_ms))
+
+    threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(clients)]
+    for t in threads:
+        t.start()
+    t0 = time.perf_counter() + RAMP_S
+    time.sleep(RAMP_S + window_s)
+    stop.set()
+    for t in threads:
+        t.join(60)
+    end = t0 + window_s
+    rows = [(ms, b) for client_rows in done for at, ms, b in client_rows if t0 <= at < end]
+    return np.array(rows, dtype=float).reshape(-1, 2)
+
+
+def open_loop(engine: Any, cdf: np.ndarray, rate: float, window_s: float, seed: int) -> np.ndarray:
+    """Latencies (ms from the scheduled send time; ``inf`` = refused/failed/unanswered in 30 s)
+    of Poisson arrivals at ``rate`` req/s for ``window_s``."""
+    rng = np.random.default_rng(seed)
+    count = max(int(rng.poisson(rate * window_s)), 1)
+    due = np.sort(rng.uniform(0.0, window_s, count))
+    requests = [engine.request(draw_request(rng, cdf, MIX)) for _ in range(count)]
+    out = np.full(count, math.inf)
+    futures = []
+
+    def record(i: int, at: float) -> Callable[[Any], None]:
+        def done(f: Any) -> None:
+            if f.exception() is None:
+                out[i] = (time.perf_counter() - at) * 1e3
+
+        return done
+
+    t0 = time.perf_counter()
+    for i, request in enumerate(requests):
+        at = t0 + due[i]
+        wait = at - time.perf_counter()
+        if wait > 0:
+            time.sleep(wait)
+        try:
+            future = engine.submit(request)
+        except GnnServeError:
+            continue
+        future.add_done_callback(record(i, at))
+        futures.append(future)
+    deadline = time.perf_counter() + 30.0
+    for f in futures:
+        try:
+            f.exception(timeout=max(deadline - time.perf_counter(), 0.0))
+        except TimeoutError:
+            break
+    return out.copy()
+
+
+# 1. calibration -------------------------------------------------------------------------------
+def run_calibration(store: Path, ckpt: Path, work: Path, quick: bool) -> dict[str, Any]:
+    """Calibrate the inline and parallel paths on ``store`` with ``ckpt`` (FANOUTS, torch 1
+    thread as serve); profile ``<work>/calibration_<graph>.json`` and its PNG. Full: 12 buckets
+    x 10 runs up to 1024 seeds (the CLI defaults); quick: 8 x 5 up to 256."""
+    from gnnserve.engine.planner import calibrate
+
+    name = open_graph_store(store).meta.name or Path(store).name
+    buckets, runs, max_seeds = (8, 5, 256) if quick else (12, 10, 1024)
+    Path(work).mkdir(parents=True, exist_ok=True)
+    log(f"calibrate {name}: {buckets} buckets x {runs} runs up to {max_seeds} seeds ...")
+    start = time.perf_counter()
+    profile, path, png = calibrate(
+        store, ckpt, FANOUTS, Path(work) / f"calibration_{name}.json", buckets, runs, max_seeds,
+        progress=lambda m: log(f"  {name} {m}"),
+    )  # fmt: skip
+    points = {k: None if math.isinf(v) else v for k, v in profile.points.items()}
+    log(f"calibrate {name}: points (summed PSGS) {points}")
+    return {
+        "graph": name,
+        "fanouts": FANOUTS,
+        "buckets": buckets,
+        "runs": runs,
+        "max_seeds": max_seeds,
+        "seconds": time.perf_counter() - start,
+        "points": points,
+        "curves": {
+            p: {"psgs": c.psgs, "mean_ms": c.mean_ms, "max_ms": c.max_ms}
+            for p, c in profile.curves.items()
+        },
+        "profile": str(path),
+        "png": str(png),
+    }
+
+
+# 2. PSGS-bounded batching ---------------------------------------------------------------------
+def slo_arms(slo_ms: float, fixed: tuple[int, ...]) -> dict[str, dict[str, Any]]:
+    """Engine settings per arm: PSGS-Strict/Loose (node bound 4096: PSGS binds), fixed bounds.
+    All route with the profile's latency point, so only the batch bound differs."""
+    common = {"sampler.routing": "latency"}
+    arms = {
+        b: common | {"batcher.latency_slo_ms": slo_ms, "batcher.psgs_bound": b,
+                     "batcher.max_batch_nodes": 4096}
+        for b in ("strict", "loose")
+    }  # fmt: skip
+    for n in fixed:
+        arms[f"fixed_{n}"] = common | {"batcher.max_batch_nodes": n}
+    return arms
+
+
+def psgs_bounds(profile_path: Path, slo_ms: float) -> dict[str, float]:
+    """Summed-PSGS batch caps of PSGS-Strict (max curve) and -Loose (mean curve) at ``slo_ms``,
+    routed at the profile's latency point (as the engine computes them)."""
+    profile = read_profile(profile_path)
+    point = profile.points["latency"]
+    return {
+        b: psgs_bound(profile, slo_ms, s, point) for b, s in (("strict", "max"), ("loose", "mean"))
+    }
+
+
+def run_slo(
+    store: Path,
+    ckpt: Path,
+    profile_path: Path,
+    rounds: int,
+    window_s: float,
+    slo_ms: float = 10.0,
+    clients: int = CLIENTS,
+    fixed: tuple[int, ...] = FIXED,
+) -> dict[str, Any]:
+    """Within-SLO share and throughput of PSGS-Strict, PSGS-Loose and fixed node bounds under
+    ``clients`` closed-loop clients (module docstring); ``window_s`` per arm and round.
+    ``targets``: rows for ``Targets.check(**row)``."""
+    cdf = degree_cdf(store)
+    share: dict[str, list[float]] = {}
+    batch_share: dict[str, list[float]] = {}
+    p99: dict[str, list[float]] = {}
+
+    def arm(name: str, settings: dict[str, Any]) -> Callable[[], float]:
+        def run() -> float:
+            with engine_for(store, ckpt, profile_path, **settings) as engine:
+                rows = closed_loop(engine, cdf, clients, window_s)
+            lat, batch = rows[:, 0], rows[:, 1]
+            share.setdefault(name, []).append(float(np.mean(lat <= slo_ms)) if lat.size else 0.0)
+            batch_share.setdefault(name, []).append(
+                float(np.mean(batch <= slo_ms)) if lat.size else 0.0
+            )
+            p99.setdefault(name, []).append(nearest_rank(lat, 99))
+            return float(np.isfinite(lat).sum() / window_s)
+
+        return run
+
+    arms = slo_arms(slo_ms, fixed)
+    rps = interleaved_rounds(
+        {k: arm(k, v) for k, v in arms.items()},
+        rounds,
+        on_round=lambda r, v: log(
+            f"slo round {r}: " + ", ".join(f"{k} {v[k]:.0f} req/s {share[k][-1]:.1%}" for k in v)
+        ),
+    )
+    fixed_names = [k for k in arms if k.startswith("fixed_")]
+    best = best_fixed(
+        {k: float(np.median(share[k])) for k in fixed_names},
+        {k: float(np.median(rps[k])) for k in fixed_names},
+    )
+    out: dict[str, Any] = {
+        "workload": f"closed loop, {clients} clients, no think time; sizes {MIX}; seeds ∝ degree",
+        "slo_ms": slo_ms,
+        "window_s": window_s,
+        "within_slo": {k: median_range(v) for k, v in share.items()},
+        "batch_part_within_slo": {k: median_range(v) for k, v in batch_share.items()},
+        "rps": {k: median_range(v) for k, v in rps.items()},
+        "p99_ms": {k: median_range(v) for k, v in p99.items()},
+        "psgs_bounds": psgs_bounds(profile_path, slo_ms),
+        "best_fixed": best,
+        "loose_over_strict_rps": median_range(ratios(rps["loose"], rps["strict"])),
+    }
+    for k in arms:
+        log(f"slo {k}: {fmt_range(out['rps'][k], '.0f', ' req/s')}, within "
+            f"{slo_ms:g} ms {fmt_range(out['within_slo'][k], '.3f')} (batch part "
+            f"{fmt_range(out['batch_part_within_slo'][k], '.3f')})")  # fmt: skip
+    med = {k: out["within_slo"][k]["median"] for k in arms}
+    out["targets"] = [
+        {"name": "PSGS-Strict share within SLO", "measured": med["strict"], "goal": 0.99},
+        {"name": "PSGS-Loose / Strict throughput", "measured":
+         out["loose_over_strict_rps"]["median"], "goal": 1.3},
+        {"name": f"PSGS-Strict - best fixed ({best}) share within SLO",
+         "measured": med["strict"] - med[best], "goal": 0.0},
+        {"name": f"PSGS-Loose - best fixed ({best}) share within SLO",
+         "measured": med["loose"] - med[best], "goal": 0.0},
+    ]  # fmt: skip
+    return out
+
+
+# 3. hybrid routing ----------------------------------------------------------------------------
+ROUTING_ARMS: dict[str, dict[str, Any]] = {
+    "hybrid_latency": {"sampler.routing": "latency"},
+    "hybrid_throughput": {"sampler.routing": "throughput"},
+    "inline": {"sampler.parallel_threshold": NEVER},
+    "parallel": {"sampler.parallel_threshold": 1},
+}
+
+
+def run_routing(
+    store: Path, ckpt: Path, profile_path: Path, rounds: int, window_s: float
+) -> dict[str, Any]:
+    """Throughput at p99 <= P99_MS of hybrid routing vs inline only vs parallel only (open
+    loop, module docstring). A probe lasts ``window_s / PROBES`` (at least MIN_PROBE_S; a
+    capacity search takes about PROBES probes: ~``window_s`` per arm and round). ``targets``:
+    rows for ``Targets.check(**row)``."""
+    probe_s = max(window_s / PROBES, MIN_PROBE_S)
+    cdf = degree_cdf(store)
+    start: dict[str, float] = {}
+    detail: dict[str, list[dict[str, Any]]] = {k: [] for k in ROUTING_ARMS}
+
+    def arm(name: str) -> Callable[[], float]:
+        def run() -> float:
+            answered: dict[float, float] = {}
+            with engine_for(store, ckpt, profile_path, **ROUTING_ARMS[name]) as engine:
+                open_loop(engine, cdf, start.get(name, 400.0), WARM_S, seed=99)  # both paths
+
+                def passes(rate: float) -> bool:
+                    lat = open_loop(engine, cdf, rate, probe_s, len(answered))
+                    answered[rate] = float(np.isfinite(lat).sum() / probe_s)
+                    return nearest_rank(lat, 99) <= P99_MS
+
+                cap = find_capacity(passes, start.get(name, 400.0), 1.5, 0.15, 10.0)
+            start[name] = max(cap.rate, 10.0)
+            detail[name].append({"rate": cap.rate, "first_fail": cap.first_fail,
+                                 "probes": cap.probes, "answered_rps": answered})  # fmt: skip
+            return cap.rate
+
+        return run
+
+    rps = interleaved_rounds(
+        {k: arm(k) for k in ROUTING_ARMS},
+        rounds,
+        on_round=lambda r, v: log(f"routing round {r}: req/s at p99 <= {P99_MS:g} ms " + ", ".join(
+            f"{k} {x:.0f}" for k, x in v.items())),
+    )  # fmt: skip
+    single = [max(a, b) for a, b in zip(rps["inline"], rps["parallel"], strict=True)]
+    out: dict[str, Any] = {
+        "workload": f"open loop (Poisson), sizes {MIX}; seeds ∝ degree; p99 <= {P99_MS:g} ms",
+        "probe_s": probe_s,
+        "rps": {k: median_range(v) for k, v in rps.items()},
+        "capacity_search": detail,
+        "over_best_single": {
+            k: median_range(ratios(rps[k], single)) for k in ("hybrid_latency", "hybrid_throughput")
+        },
+    }
+    for k in ROUTING_ARMS:
+        log(f"routing {k}: {fmt_range(out['rps'][k], '.0f', ' req/s')} at p99 <= {P99_MS:g} ms")
+    out["targets"] = [
+        {"name": "hybrid (throughput point) / best single path, req/s at p99 <= 30 ms",
+         "measured": out["over_best_single"]["hybrid_throughput"]["median"], "goal": 1.2},
+    ]  # fmt: skip
+    return out
