@@ -7,6 +7,9 @@ Sections (``--sections``, comma-separated; all by default):
   static placement (ranked by the scored accesses themselves) as the ceiling; share of feature
   reads served remotely across P = 2, 4 (and 8, by counting) servers for FAP vs hash vs degree.
 - ``pipelines`` (bench/quiver_pipelines.py): throughput of 1 vs 2 vs 4 shared-queue pipelines.
+- ``calibration``, ``slo``, ``routing`` (bench/quiver_routing.py): the calibration curves and
+  crossover points per graph; PSGS-Strict / Loose vs fixed batch-size bounds at a 10 ms SLO;
+  hybrid routing vs each single path (capacity at p99 <= 30 ms). On fb100.
 
 Graphs: fb100_cornell5 (16,801 nodes) and an R-MAT graph of 2^20 nodes and 10M edges (``--rmat``;
 minutes to generate). Results: bench/results/quiver.json and quiver.png.
@@ -40,6 +43,7 @@ from quiver_placement import (
     run_stream,
     server_plans,
 )
+from quiver_routing import run_calibration, run_routing, run_slo
 from quiver_streams import STREAMS
 
 FANOUTS = [25, 10]
@@ -49,7 +53,7 @@ SERVERS = (2, 4, 8)
 def parse() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--quick", action="store_true")
-    p.add_argument("--sections", default="placement,pipelines")
+    p.add_argument("--sections", default="placement,pipelines,calibration,slo,routing")
     p.add_argument("--rmat", action="store_true", help="also the 2^20-node R-MAT graph")
     p.add_argument("--requests", type=int, default=20_000, help="per stream half")
     p.add_argument("--measured", type=int, default=2000, help="requests through real stores")
@@ -192,7 +196,51 @@ def _best_ratio(out: dict[str, Any]) -> float:
     return max(v["median"] for c, v in out["ratio_over_one"].items() if c != "1")
 
 
-SECTIONS = {"placement": placement, "pipelines": pipelines}
+def calibration(
+    args: argparse.Namespace, stores: dict[str, tuple[Path, Path]], targets: Targets
+) -> dict:
+    """Calibration curves and the four crossover points per graph (profiles in ``--work``)."""
+    return {
+        name: run_calibration(store, ckpt, args.work, args.quick)
+        for name, (store, ckpt) in stores.items()
+    }
+
+
+def _fb100_profile(args: argparse.Namespace, stores: dict[str, tuple[Path, Path]]) -> Path:
+    profile = args.work / "calibration_fb100_cornell5.json"
+    if not profile.exists():
+        store, ckpt = stores["fb100_cornell5"]
+        run_calibration(store, ckpt, args.work, args.quick)
+    return profile
+
+
+def slo(args: argparse.Namespace, stores: dict[str, tuple[Path, Path]], targets: Targets) -> dict:
+    """PSGS-Strict / Loose vs fixed batch-size bounds at a 10 ms SLO on fb100."""
+    store, ckpt = stores["fb100_cornell5"]
+    out = run_slo(store, ckpt, _fb100_profile(args, stores), args.rounds, args.window_s)
+    for row in out["targets"]:
+        targets.check(**row)
+    return out
+
+
+def routing(
+    args: argparse.Namespace, stores: dict[str, tuple[Path, Path]], targets: Targets
+) -> dict:
+    """Hybrid routing vs each single sampling path on fb100 (capacity at p99 <= 30 ms)."""
+    store, ckpt = stores["fb100_cornell5"]
+    out = run_routing(store, ckpt, _fb100_profile(args, stores), args.rounds, args.window_s)
+    for row in out["targets"]:
+        targets.check(**row)
+    return out
+
+
+SECTIONS = {
+    "placement": placement,
+    "pipelines": pipelines,
+    "calibration": calibration,
+    "slo": slo,
+    "routing": routing,
+}
 
 
 def plot(results: dict[str, Any], path: Path) -> None:
