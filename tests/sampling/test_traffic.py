@@ -51,3 +51,11 @@ def test_prior_and_input_checks() -> None:
     with pytest.raises(InvalidInputError, match="p0"):
         traffic.distribution(np.ones(2))
     assert SeedTraffic(0).distribution().size == 0
+
+
+def test_the_default_prior_weighs_a_tenth_of_the_node_count() -> None:
+    traffic = SeedTraffic(100, half_life=float("inf"))
+    traffic.observe(np.zeros(10, dtype=np.int64))
+    p = traffic.distribution()
+    assert p[0] == pytest.approx((10 + 10 * 0.01) / (10 + 10), rel=1e-12)
+    assert p[1] == pytest.approx(10 * 0.01 / 20, rel=1e-12)
