@@ -56,14 +56,6 @@ def test_degree_cdf_is_the_cumulative_out_degree_share(small_store: Path) -> Non
     np.testing.assert_allclose(np.diff(np.concatenate([[0.0], got])), deg / deg.sum())
 
 
-def test_best_fixed_takes_the_top_share_then_throughput_among_ties() -> None:
-    shares = {"a": 0.90, "b": 0.895, "c": 0.70, "d": 0.885}
-    rps = {"a": 100.0, "b": 150.0, "c": 900.0, "d": 999.0}
-    assert routing.best_fixed(shares, rps) == "b"  # a and b tie within 1 point; d is 1.5 off
-    assert routing.best_fixed(shares, rps, tie=0.0) == "a"
-    assert routing.best_fixed(shares, rps, tie=0.3) == "d"
-
-
 def test_slo_arms_differ_only_in_the_batch_bound() -> None:
     arms = routing.slo_arms(10.0, (16, 64))
     assert set(arms) == {"strict", "loose", "fixed_16", "fixed_64"}
@@ -101,15 +93,3 @@ def test_open_loop_counts_refusals_as_infinite_and_answers_as_finite() -> None:
     assert refused.any()
     assert np.all(np.isinf(lat[refused]))
     assert np.all(np.isfinite(lat[~refused])) and np.all(lat[~refused] < 50)
-
-
-def test_closed_loop_returns_one_latency_per_request_in_the_window() -> None:
-    engine = FakeEngine()
-    cdf = np.linspace(0.1, 1.0, 10)
-    rows = routing.closed_loop(engine, cdf, 2, 0.3)
-    assert rows.shape[1] == 2
-    assert 0 < rows.shape[0] < len(engine.sizes)  # the ramp's requests are not counted
-    refused = np.isinf(rows[:, 0])
-    assert abs(np.mean(refused) - routing.MIX[128]) < 0.05
-    assert np.all(np.isinf(rows[refused, 1]))
-    assert np.all(rows[~refused, 1] == 0.75)  # the batch part: total - queued
