@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from gnnserve.config import ServeConfig
 from gnnserve.features import open_feature_store
 from gnnserve.graph import open_graph_store
 from gnnserve.models.checkpoint import load_checkpoint
@@ -25,3 +26,14 @@ def reference(small_store: Path, small_ckpt: Path) -> tuple[torch.Tensor, torch.
     with torch.inference_mode():
         hidden = torch.relu(model.convs[0](x, edge_index))
         return model(x, edge_index), hidden
+
+
+def serve_config(store: Path, ckpt: Path, **overrides: object) -> ServeConfig:
+    """A ServeConfig for ``store`` and ``ckpt`` with full-neighbourhood fanouts (answers equal a
+    full-graph forward), plus ``overrides`` (dotted field -> value)."""
+    fields: dict[str, object] = {
+        "store.path": str(store),
+        "model_path": str(ckpt),
+        "sampler.fanouts": [-1, -1],
+    }
+    return ServeConfig.load(None, **{**fields, **overrides})

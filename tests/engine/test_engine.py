@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 import torch
 
-from gnnserve.config import ServeConfig
 from gnnserve.engine.loader import build_engine
 from gnnserve.errors import (
     DeadlineExceededError,
@@ -20,24 +19,13 @@ from gnnserve.errors import (
     TooManyNodesError,
 )
 from gnnserve.models.checkpoint import load_checkpoint
-
-
-def _config(store: Path, ckpt: Path, **overrides: object) -> ServeConfig:
-    return ServeConfig.load(
-        None,
-        **{
-            "store.path": str(store),
-            "model_path": str(ckpt),
-            "sampler.fanouts": [-1, -1],
-            **overrides,
-        },
-    )
+from tests.engine.conftest import serve_config
 
 
 def test_outputs_equal_full_graph_forward(small_store, small_ckpt, reference) -> None:
     logits, hidden = reference
     nodes = [5, 17, 5, 1999, 0]
-    with build_engine(_config(small_store, small_ckpt)) as engine:
+    with build_engine(serve_config(small_store, small_ckpt)) as engine:
         probs = engine.predict(nodes, "probs").values
         labels = engine.predict(nodes, "label").values
         emb = engine.predict(nodes, "embedding").values
@@ -51,7 +39,7 @@ def test_concurrent_requests_are_batched_and_kept_apart(small_store, small_ckpt,
     rng = np.random.default_rng(0)
     requests = [rng.integers(0, 2000, int(rng.integers(1, 6))).tolist() for _ in range(300)]
     sizes: list[int] = []
-    with build_engine(_config(small_store, small_ckpt)) as engine:
+    with build_engine(serve_config(small_store, small_ckpt)) as engine:
         engine.observers.append(lambda b: sizes.append(len(b.tickets)))
         with ThreadPoolExecutor(16) as pool:
             results = list(pool.map(lambda r: engine.predict(r, "probs", timeout_s=60), requests))
@@ -76,7 +64,9 @@ class _Gate:
 
 
 def test_overload_is_refused_then_recovers(small_store, small_ckpt) -> None:
-    engine = build_engine(_config(small_store, small_ckpt, **{"admission.max_queue_requests": 2}))
+    engine = build_engine(
+        serve_config(small_store, small_ckpt, **{"admission.max_queue_requests": 2})
+    )
     gate = _Gate(engine.runner)
     engine.runner = gate  # type: ignore[assignment]
     with engine:
@@ -90,7 +80,7 @@ def test_overload_is_refused_then_recovers(small_store, small_ckpt) -> None:
 
 def test_expired_request_is_dropped(small_store, small_ckpt) -> None:
     overrides = {"admission.timeout_s": 0.05, "batcher.max_batch_nodes": 1}
-    engine = build_engine(_config(small_store, small_ckpt, **overrides))
+    engine = build_engine(serve_config(small_store, small_ckpt, **overrides))
     gate = _Gate(engine.runner)
     engine.runner = gate  # type: ignore[assignment]
     with engine:
@@ -106,7 +96,7 @@ def test_expired_request_is_dropped(small_store, small_ckpt) -> None:
 
 
 def test_stop_finishes_accepted_requests(small_store, small_ckpt) -> None:
-    engine = build_engine(_config(small_store, small_ckpt)).start()
+    engine = build_engine(serve_config(small_store, small_ckpt)).start()
     futures = [engine.submit(engine.request([i % 2000, (7 * i) % 2000])) for i in range(200)]
     engine.stop()
     assert all(f.done() and f.exception() is None for f in futures)
@@ -131,7 +121,7 @@ def test_stop_finishes_accepted_requests(small_store, small_ckpt) -> None:
 def test_bad_requests_raise_typed_errors(
     small_store, small_ckpt, nodes, output, error, field
 ) -> None:
-    with build_engine(_config(small_store, small_ckpt)) as engine:
+    with build_engine(serve_config(small_store, small_ckpt)) as engine:
         with pytest.raises(error) as info:
             engine.predict(nodes, output)
         assert info.value.field == field
@@ -141,9 +131,9 @@ def test_bad_requests_raise_typed_errors(
 def test_batch_cost_cap_splits_batches_by_psgs(small_store, small_ckpt, reference) -> None:
     """With max_batch_cost, no batch's summed PSGS exceeds the cap (unless a lone request does)."""
     logits, _ = reference
-    engine = build_engine(_config(small_store, small_ckpt))
+    engine = build_engine(serve_config(small_store, small_ckpt))
     cap = float(np.sort(engine.psgs)[-5:].sum())  # about five of the most expensive seeds
-    engine = build_engine(_config(small_store, small_ckpt, **{"batcher.max_batch_cost": cap}))
+    engine = build_engine(serve_config(small_store, small_ckpt, **{"batcher.max_batch_cost": cap}))
     costs: list[float] = []
     engine.observers.append(lambda b: costs.append(float(engine.psgs[b.seeds].sum())))
     gate = _Gate(engine.runner)
@@ -178,7 +168,7 @@ def test_gcn_with_self_loops_equals_pyg_gcn(tmp_path: Path) -> None:
     xt, et = torch.from_numpy(x), torch.from_numpy(ei)
     with torch.inference_mode():
         want = ref[1](torch.relu(ref[0](xt, et)), et)
-    with build_engine(_config(tmp_path / "s", ckpt)) as engine:
+    with build_engine(serve_config(tmp_path / "s", ckpt)) as engine:
         got = engine.predict(list(range(n)), "embedding").values
         logits_rows = engine.predict(list(range(0, n, 7)), "probs").values
     with torch.inference_mode():

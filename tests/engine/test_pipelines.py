@@ -6,26 +6,13 @@ from __future__ import annotations
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from gnnserve.config import ServeConfig
 from gnnserve.engine.loader import build_engine
-
-
-def _config(store: Path, ckpt: Path, pipelines: int) -> ServeConfig:
-    return ServeConfig.load(
-        None,
-        **{
-            "store.path": str(store),
-            "model_path": str(ckpt),
-            "sampler.fanouts": [-1, -1],
-            "batcher.pipelines": pipelines,
-        },
-    )
+from tests.engine.conftest import serve_config
 
 
 def test_three_pipelines_answer_like_the_full_graph_forward(
@@ -35,7 +22,7 @@ def test_three_pipelines_answer_like_the_full_graph_forward(
     rng = np.random.default_rng(1)
     requests = [rng.integers(0, 2000, int(rng.integers(1, 6))).tolist() for _ in range(300)]
     batches: list[str] = []
-    with build_engine(_config(small_store, small_ckpt, 3)) as engine:
+    with build_engine(serve_config(small_store, small_ckpt, **{"batcher.pipelines": 3})) as engine:
         engine.observers.append(lambda b: batches.append(threading.current_thread().name))
         with ThreadPoolExecutor(16) as pool:
             results = list(pool.map(lambda r: engine.predict(r, "probs", timeout_s=60), requests))
@@ -63,7 +50,7 @@ class _SlowFor:
 
 @pytest.mark.parametrize("pipelines", [1, 2])
 def test_a_straggler_holds_only_its_own_pipeline(small_store, small_ckpt, pipelines) -> None:
-    engine = build_engine(_config(small_store, small_ckpt, pipelines))
+    engine = build_engine(serve_config(small_store, small_ckpt, **{"batcher.pipelines": pipelines}))
     engine.runner = _SlowFor(engine.runner, node=7, delay_s=1.5)  # type: ignore[assignment]
     with engine:
         engine.predict([1])  # warm

@@ -16,22 +16,14 @@ from gnnserve.engine.placement import TierRefresher, parse_tiers
 from gnnserve.errors import InvalidInputError
 from gnnserve.features import open_feature_store
 from gnnserve.features.tiered import TieredFeatures
+from tests.engine.conftest import serve_config
 from tests.server.conftest import serving
 
 ROW = 16 * 4  # the small store's float32 rows
 
 
 def _config(store: Path, ckpt: Path, **overrides: object) -> ServeConfig:
-    return ServeConfig.load(
-        None,
-        **{
-            "store.path": str(store),
-            "model_path": str(ckpt),
-            "sampler.fanouts": [-1, -1],
-            "store.tiers": f"ram={200 * ROW}",  # 10% of the 2,000 rows
-            **overrides,
-        },
-    )
+    return serve_config(store, ckpt, **{"store.tiers": f"ram={200 * ROW}", **overrides})  # 10%
 
 
 def test_parse_tiers() -> None:
