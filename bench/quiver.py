@@ -53,7 +53,7 @@ SERVERS = (2, 4, 8)
 def parse() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--quick", action="store_true")
-    p.add_argument("--sections", default="placement,pipelines,calibration,slo,routing")
+    p.add_argument("--sections", default="placement,pipelines,calibration,slo,slo30,routing")
     p.add_argument("--rmat", action="store_true", help="also the 2^20-node R-MAT graph")
     p.add_argument("--requests", type=int, default=20_000, help="per stream half")
     p.add_argument("--measured", type=int, default=2000, help="requests through real stores")
@@ -214,13 +214,27 @@ def _fb100_profile(args: argparse.Namespace, stores: dict[str, tuple[Path, Path]
     return profile
 
 
-def slo(args: argparse.Namespace, stores: dict[str, tuple[Path, Path]], targets: Targets) -> dict:
+def slo(
+    args: argparse.Namespace,
+    stores: dict[str, tuple[Path, Path]],
+    targets: Targets,
+    slo_ms: float = 10.0,
+) -> dict:
     """PSGS-Strict / Loose vs fixed batch-size bounds at a 10 ms SLO on fb100."""
     store, ckpt = stores["fb100_cornell5"]
-    out = run_slo(store, ckpt, _fb100_profile(args, stores), args.rounds, args.window_s)
+    profile = _fb100_profile(args, stores)
+    out = run_slo(store, ckpt, profile, args.rounds, args.window_s, slo_ms=slo_ms)
     for row in out["targets"]:
-        targets.check(**row)
+        targets.check(**{**row, "name": f"{slo_ms:g} ms SLO: {row['name']}"})
     return out
+
+
+def slo30(
+    args: argparse.Namespace, stores: dict[str, tuple[Path, Path]], targets: Targets
+) -> dict:
+    """The same at 30 ms: on 2 cores a 128-node request alone takes ~9 ms of batch time, so
+    99% within 10 ms is out of reach for every bound."""
+    return slo(args, stores, targets, slo_ms=30.0)
 
 
 def routing(
@@ -239,6 +253,7 @@ SECTIONS = {
     "pipelines": pipelines,
     "calibration": calibration,
     "slo": slo,
+    "slo30": slo30,
     "routing": routing,
 }
 
