@@ -229,9 +229,7 @@ def slo(
     return out
 
 
-def slo30(
-    args: argparse.Namespace, stores: dict[str, tuple[Path, Path]], targets: Targets
-) -> dict:
+def slo30(args: argparse.Namespace, stores: dict[str, tuple[Path, Path]], targets: Targets) -> dict:
     """The same at 30 ms: on 2 cores a 128-node request alone takes ~9 ms of batch time, so
     99% within 10 ms is out of reach for every bound."""
     return slo(args, stores, targets, slo_ms=30.0)
