@@ -8,7 +8,8 @@ Sections (``--sections``, comma-separated; all by default):
   reads served remotely across P = 2, 4 (and 8, by counting) servers for FAP vs hash vs degree.
 - ``pipelines`` (bench/quiver_pipelines.py): throughput of 1 vs 2 vs 4 shared-queue pipelines.
 - ``calibration``, ``slo``, ``routing`` (bench/quiver_routing.py): the calibration curves and
-  crossover points per graph; PSGS-Strict / Loose vs fixed batch-size bounds at a 10 ms SLO;
+  crossover points per graph; PSGS-Strict / Loose vs fixed batch-size bounds at a 10 ms SLO
+  (``slo``) and at 30 ms (``slo30``: 10 ms is out of reach for a 128-node request on 2 cores);
   hybrid routing vs each single path (capacity at p99 <= 30 ms). On fb100.
 
 Graphs: fb100_cornell5 (16,801 nodes) and an R-MAT graph of 2^20 nodes and 10M edges (``--rmat``;
