@@ -20,12 +20,12 @@ from gnnserve.sampling.calibrate import (
     Curve,
     Identity,
     ProfileError,
-    bucket_batches,
     crossover,
     find_profile,
     load_profile,
     psgs_bound,
 )
+from gnnserve.sampling.calibration_runs import bucket_batches
 from gnnserve.sampling.metrics import psgs
 
 X = [10.0, 100.0, 1000.0, 10000.0]

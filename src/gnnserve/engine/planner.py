@@ -33,14 +33,8 @@ from gnnserve.graph import open_graph_store
 from gnnserve.graph.base import GraphStore
 from gnnserve.models.checkpoint import load_checkpoint
 from gnnserve.models.runner import ModelRunner
-from gnnserve.sampling.calibrate import (
-    PROFILE_NAME,
-    CalibrationProfile,
-    Identity,
-    find_profile,
-    measure,
-    plot_profile,
-)
+from gnnserve.sampling.calibrate import PROFILE_NAME, CalibrationProfile, Identity, find_profile
+from gnnserve.sampling.calibration_runs import measure, plot_profile
 from gnnserve.sampling.metrics import psgs
 from gnnserve.sampling.paths import NEVER
 from gnnserve.sampling.presample import PreSampler
@@ -164,8 +158,8 @@ def calibrate(
     progress: Callable[[str], None] | None = None,
 ) -> tuple[CalibrationProfile, Path, Path]:
     """Calibrate the sampling paths of the store at ``store_dir`` with the checkpoint at
-    ``model_dir`` (see :func:`gnnserve.sampling.calibrate.measure`); writes the profile JSON to
-    ``out`` (default ``<store>/calibration.json``) and its PNG beside it (``.png``).
+    ``model_dir`` (see :func:`gnnserve.sampling.calibration_runs.measure`); writes the profile
+    JSON to ``out`` (default ``<store>/calibration.json``) and its PNG beside it (``.png``).
 
     ``fanouts`` default to ``serve``'s; ``torch_threads`` as ``serve --torch-threads`` (the model
     forward is part of each measured batch). Returns (profile, json path, png path).
