@@ -12,12 +12,16 @@ import json
 import mmap as _mmap
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from gnnserve.data.meta import parse_meta_text, read_meta_file
 from gnnserve.errors import StoreFormatError
 from gnnserve.urls import local_path
+
+if TYPE_CHECKING:
+    from gnnserve.data.blobs import BlobStore
 
 FORMAT_VERSION = 1
 META = "meta.json"
@@ -64,6 +68,12 @@ def read_meta(store_dir: str | Path) -> StoreMeta:
         default_version=FORMAT_VERSION,
     )
     return _store_meta(doc, str(path))
+
+
+def read_blob_meta(blobs: BlobStore) -> StoreMeta:
+    """``meta.json`` of the published store that ``blobs`` reads (an object-store or file URL)."""
+    text = blobs.get(META).decode("utf-8", errors="replace")
+    return parse_meta(text, f"{blobs.url}/{META}")
 
 
 def parse_meta(text: str, where: str) -> StoreMeta:

@@ -43,7 +43,6 @@ from gnnserve.types import SampledSubgraph
 
 Fanouts = tuple[int, ...]
 _MAX_SAMPLERS = 16  # distinct per-request fanout tuples kept warm
-ROUTING_POINTS = {"latency": "latency", "throughput": "throughput"}  # routing -> profile point
 log = logging.getLogger(__name__)
 
 
@@ -114,7 +113,7 @@ def routed_threshold(config: SamplerConfig, profile: CalibrationProfile | None) 
     (an infinite point: never parallel; 0: always), else ``config.parallel_threshold``."""
     if config.routing is None or profile is None:
         return config.parallel_threshold
-    point = profile.points[ROUTING_POINTS[config.routing]]
+    point = profile.points[config.routing]  # routing names its profile point
     return NEVER if math.isinf(point) else max(int(math.ceil(point)), 0)
 
 

@@ -279,8 +279,7 @@ class TieredFeatures(FeatureStore):
 def _read_meta(store: Location, options: Mapping[str, str] | None = None) -> layout.StoreMeta:
     """The store's meta: from the blob store for a URL, from the directory for a path."""
     if _is_url(store):
-        blobs = open_blobs(str(store), options)
-        return layout.parse_meta(blobs.get(layout.META).decode(), f"{store}/{layout.META}")
+        return layout.read_blob_meta(open_blobs(str(store), options))
     return layout.read_meta(local_path(store, "store"))
 
 
@@ -291,7 +290,7 @@ def _open_source(
     cold tier's medium: the remote backend for a URL, a memory map of the store for a path."""
     if _is_url(store):
         blobs = open_blobs(str(store), options)
-        meta = layout.parse_meta(blobs.get(layout.META).decode(), f"{store}/{layout.META}")
+        meta = layout.read_blob_meta(blobs)
         return meta, RemoteFeatures(blobs, meta, gap), "remote"
     root = local_path(store, "store")
     meta = layout.read_meta(root)

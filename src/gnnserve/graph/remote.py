@@ -44,8 +44,7 @@ class RemoteCSR:
     def __init__(self, blobs: BlobStore, gap: int = 0) -> None:
         self.blobs = blobs
         self.gap = int(gap)
-        text = blobs.get(layout.META).decode("utf-8", errors="replace")
-        self.meta = layout.parse_meta(text, f"{blobs.url}/{layout.META}")
+        self.meta = layout.read_blob_meta(blobs)
         self._itemsize = np.dtype(self.meta.indices_dtype).itemsize
         self._check_sizes()
         self.self_loops = self._read_self_loops()

@@ -167,7 +167,7 @@ class InferenceFunction:
         self.spec = spec
         self.usage = usage  # memory charged against the capacity now, bytes (cgroup or RSS)
         self.blobs = open_blobs(spec.remote, spec.options or None)
-        meta = layout.parse_meta(self.blobs.get(layout.META).decode(), spec.remote)
+        meta = layout.read_blob_meta(self.blobs)
         store: FeatureStore
         if spec.fetch == "full":
             root = _download(self.blobs, [layout.FEATURES])
