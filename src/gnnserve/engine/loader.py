@@ -56,14 +56,15 @@ def build_engine(config: ServeConfig) -> Engine:
     features = open_feature_store(
         config.store.path, "mmap" if config.store.tiers else config.store.feature_backend, check
     )
-    if config.store.tiers:  # the table was checked above; the tiers read the store themselves
-        features = _tiered(config, graph)
+    budgets = parse_tiers(config.store.tiers) if config.store.tiers else None
     ckpt = load_checkpoint(config.model_path)
     if ckpt.config.in_dim != features.dim:
         raise InvalidInputError(
             f"model expects {ckpt.config.in_dim} input features, the store has {features.dim}",
             "model_path",
         )
+    if budgets is not None:  # the table was checked above; the tiers read the store themselves
+        features = _tiered(config, graph, budgets)
     trained_on = ckpt.meta.get("store_checksum")
     if trained_on and trained_on != graph.version:
         log.warning("model was trained on store %s, serving store %s", trained_on, graph.version)
@@ -71,8 +72,7 @@ def build_engine(config: ServeConfig) -> Engine:
     if not config.store.update_log:
         pes, problem = load_embeddings(config, graph, ckpt.version)
         engine = Engine(graph, features, runner, config, embeddings=pes, embeddings_error=problem)
-        if config.store.tiers and config.store.tier_refresh_s > 0:
-            budgets = parse_tiers(config.store.tiers)
+        if budgets is not None and config.store.tier_refresh_s > 0:
             engine.tiers = TierRefresher(engine, budgets, config.store.tier_refresh_s).start()
         return engine
     store = DynamicStore(graph, features, config.store.update_log, config.store.fsync)
@@ -92,14 +92,16 @@ def build_engine(config: ServeConfig) -> Engine:
     )
 
 
-def _tiered(config: ServeConfig, graph: GraphStore) -> FeatureStore:
-    """The features in FAP-placed tiers (``store.tiers``), for a static store."""
+def _tiered(
+    config: ServeConfig, graph: GraphStore, budgets: dict[str, float | None]
+) -> FeatureStore:
+    """The features in FAP-placed tiers (``budgets``, parsed ``store.tiers``), for a static
+    store."""
     if config.store.update_log:
         raise InvalidInputError(
             "feature tiers are placed once over a static store: drop --update-log or --tiers",
             "store.tiers",
         )
-    budgets = parse_tiers(config.store.tiers)
     fanouts = check_fanouts(config.sampler.fanouts)
     return place(config.store.path, graph, fanouts, budgets)
 

@@ -64,8 +64,8 @@ def fap(graph: GraphStore, fanouts: list[int], p0: np.ndarray | None = None) -> 
     presence = seed_distribution(p0, n)
     if n == 0:
         return presence
-    adjacency_t = _adjacency(graph)[0].T.tocsr()
-    deg = np.asarray(adjacency_t.sum(axis=0)).ravel()
+    adjacency, deg = _adjacency(graph)
+    adjacency_t = adjacency.T.tocsr()
     for fanout in fanouts:
         presence = presence + adjacency_t @ (_drawn(deg, fanout)[1] * presence)
     return presence
