@@ -8,8 +8,8 @@ read version is pinned from sampling until the features are read.
 ``batcher.pipelines`` > 1 multiplexes pipelines (Quiver §4.3): each has its own sample, fetch
 and compute threads, and all pull from the one batch queue, each only when it holds no batch, so
 a slow batch (a straggler) holds its own pipeline only; the next batch goes to whichever
-pipeline is free. The stages release the
-GIL (numba kernels, torch), so pipelines overlap one another's work.
+pipeline is free. The stages release the GIL (numba kernels, torch), so pipelines overlap one
+another's work.
 """
 
 from __future__ import annotations
