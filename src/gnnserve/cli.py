@@ -193,6 +193,12 @@ def _calibrate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-seeds", type=int, default=1024, help="seeds of the largest bucket")
     p.add_argument("--torch-threads", type=int, default=1, help="as serve --torch-threads")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--throughput-path",
+        default=None,
+        help="path measured against inline: parallel | torch | cuda (default: cuda with a "
+        "GPU, else parallel)",
+    )
 
 
 def run_calibrate(args: argparse.Namespace) -> int:
@@ -219,6 +225,7 @@ def run_calibrate(args: argparse.Namespace) -> int:
         args.torch_threads,
         args.seed,
         progress=lambda line: print(line, flush=True),
+        throughput=args.throughput_path,
     )
     for name, point in profile.points.items():
         print(f"{name}: PSGS {point:.0f}")

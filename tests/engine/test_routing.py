@@ -18,6 +18,7 @@ from gnnserve.errors import InvalidInputError
 from gnnserve.graph import open_graph_store
 from gnnserve.models.checkpoint import load_checkpoint
 from gnnserve.sampling.calibrate import CalibrationProfile, Curve, Identity
+from gnnserve.sampling.device import DeviceSampler
 from gnnserve.sampling.paths import NEVER
 
 FANOUTS = [5, 5]
@@ -161,3 +162,22 @@ def test_served_batches_respect_the_slo_bound(small_store, small_ckpt, tmp_path)
     assert multi, "no batch held two requests"
     for b in seen:
         assert len(b.tickets) == 1 or engine.psgs[b.seeds].sum() <= cap
+
+
+def test_a_device_throughput_path_serves_the_batches_past_the_point(
+    small_store, small_ckpt, tmp_path
+) -> None:
+    path = _profile(small_store, small_ckpt, tmp_path / "p.json")
+    profile = CalibrationProfile.from_json(path.read_text(), "p")
+    profile.curves["torch"] = profile.curves.pop("parallel")  # measured against the torch path
+    profile.path_b = "torch"
+    profile.save(path)
+    overrides = {"sampler.routing": "throughput", "sampler.calibration": str(path)}
+    engine = build_engine(_config(small_store, small_ckpt, **overrides))
+    sampler = engine.planner.sampler_for(None)
+    assert isinstance(sampler.throughput, DeviceSampler)  # type: ignore[attr-defined]
+    assert sampler.throughput.device.type == "cpu"  # type: ignore[attr-defined]
+    plain = _profile(small_store, small_ckpt, tmp_path / "plain.json")  # parallel: none needed
+    overrides["sampler.calibration"] = str(plain)
+    engine = build_engine(_config(small_store, small_ckpt, **overrides))
+    assert engine.planner.sampler_for(None).throughput is None  # type: ignore[attr-defined]

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from gnnserve.engine.planner import calibrate
+from gnnserve.errors import InvalidInputError
 from gnnserve.graph import open_graph_store
 from gnnserve.models.checkpoint import load_checkpoint
 from gnnserve.sampling.calibrate import (
@@ -176,3 +177,14 @@ def test_small_real_calibration_writes_json_and_png(small_store: Path, small_ckp
     again = CalibrationProfile(**{**loaded.__dict__, "points": {}})
     again.compute_points()
     assert again.points == loaded.points
+
+
+def test_calibration_against_the_torch_path(small_store: Path, small_ckpt: Path, tmp_path):
+    out = tmp_path / "torch.json"
+    kwargs = {"buckets": 3, "runs": 2, "max_seeds": 32, "throughput": "torch"}
+    profile, _, _ = calibrate(small_store, small_ckpt, [5, 5], out, **kwargs)  # type: ignore[arg-type]
+    assert (profile.path_a, profile.path_b) == ("inline", "torch")
+    assert sorted(profile.curves) == ["inline", "torch"]
+    with pytest.raises(InvalidInputError, match="must not be inline") as info:
+        calibrate(small_store, small_ckpt, [5, 5], out, **{**kwargs, "throughput": "inline"})  # type: ignore[arg-type]
+    assert info.value.field == "throughput"

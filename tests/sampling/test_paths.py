@@ -16,16 +16,20 @@ from gnnserve.sampling.paths import (
     SamplingPathError,
     available_paths,
     build_path,
+    cuda_path,
     path_for,
+    throughput_path,
 )
+from gnnserve.sampling.sampler import NeighborSampler
 from tests.sampling.checks import check_sample, edge_set
 
 FANOUTS = [10, 5]
 
 
 def test_registry_lists_the_cpu_paths_and_cuda_only_with_a_gpu() -> None:
-    want = ["inline", "parallel"] + (["cuda"] if torch.cuda.is_available() else [])
+    want = ["inline", "parallel", "torch"] + (["cuda"] if torch.cuda.is_available() else [])
     assert available_paths() == sorted(want)
+    assert throughput_path() == ("cuda" if torch.cuda.is_available() else "parallel")
 
 
 def _spy(monkeypatch: pytest.MonkeyPatch, name: str) -> list[int]:
@@ -88,8 +92,35 @@ def test_unknown_path_is_refused_naming_the_choices(small_store: Path) -> None:
     assert info.value.field == "sampling path"
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_cuda_path_is_a_typed_not_built_error(small_store: Path) -> None:
-    with pytest.raises(SamplingPathError, match="not implemented"):
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA device")
+def test_cuda_path_without_a_gpu_is_a_typed_error(small_store: Path) -> None:
+    with pytest.raises(SamplingPathError, match="needs a CUDA device"):
+        cuda_path(open_graph_store(small_store), FANOUTS)
+    with pytest.raises(InvalidInputError, match="torch"):  # unregistered: the choices named
         build_path("cuda", open_graph_store(small_store), FANOUTS)
+
+
+@pytest.mark.parametrize("path", ["torch", "cuda"])
+def test_a_throughput_sampler_takes_the_batches_at_the_threshold(
+    small_store: Path, monkeypatch: pytest.MonkeyPatch, path: str
+) -> None:
+    if path not in available_paths():
+        pytest.skip("needs a CUDA device")
+    graph = open_graph_store(small_store)
+    cost = psgs(graph, FANOUTS)
+    device = build_path(path, graph, FANOUTS, cost=cost)
+    served = NeighborSampler(graph, FANOUTS, cost=cost, throughput=device)  # type: ignore[arg-type]
+    reference = NeighborSampler(graph, FANOUTS, cost=cost)
+    calls: list[int] = []
+    real = device.sample_valid
+    monkeypatch.setattr(device, "sample_valid", lambda *a: calls.append(1) or real(*a))
+    seeds = np.arange(40, dtype=np.int64)
+    size = float(cost[seeds].sum())
+    for threshold, want in ((size + 1, 0), (size, 1)):
+        served.parallel_threshold = reference.parallel_threshold = int(np.ceil(threshold))
+        before = len(calls)
+        got, expected = served.sample(seeds, rng_seed=5), reference.sample(seeds, rng_seed=5)
+        assert len(calls) - before == want
+        np.testing.assert_array_equal(got.nodes, expected.nodes)
+        for a, b in zip(got.blocks, expected.blocks, strict=True):
+            assert torch.equal(a.edge_index, b.edge_index)

@@ -6,7 +6,8 @@
 A batch's fanouts were validated with its requests (``engine.requests``): they are trusted here.
 
 Hybrid routing (Quiver §4.2.2): the default-fanout sampler runs a batch inline when its summed
-PSGS is below ``parallel_threshold``, hop by hop in parallel from it on. ``sampler.routing``
+PSGS is below ``parallel_threshold``, on the throughput path from it on (hop by hop in parallel,
+or the profile's device path, e.g. ``cuda``). ``sampler.routing``
 (latency | throughput) takes that threshold from a calibration profile (``gnnserve calibrate``,
 :mod:`gnnserve.sampling.calibrate`) measured on this machine for this model, graph and fanouts;
 without one the constant ``sampler.parallel_threshold`` stays, with a logged warning. Other
@@ -36,7 +37,7 @@ from gnnserve.models.runner import ModelRunner
 from gnnserve.sampling.calibrate import PROFILE_NAME, CalibrationProfile, Identity, find_profile
 from gnnserve.sampling.calibration_runs import measure, plot_profile
 from gnnserve.sampling.metrics import psgs
-from gnnserve.sampling.paths import NEVER
+from gnnserve.sampling.paths import NEVER, PathSampler, build_path
 from gnnserve.sampling.presample import PreSampler
 from gnnserve.sampling.sampler import NeighborSampler
 from gnnserve.types import SampledSubgraph
@@ -79,6 +80,8 @@ class Planner:
         self.parallel_threshold = routed_threshold(config, self.profile)
         default = self._on_demand(self.default, cost)
         default.parallel_threshold = self.parallel_threshold
+        if config.routing is not None and self.profile is not None:
+            default.throughput = throughput_sampler(self.profile, graph, self.default, config)
         self._samplers: dict[Fanouts, NeighborSampler] = {self.default: default}
         self.presampler: PreSampler | None = None
         if config.presample:
@@ -115,6 +118,18 @@ def routed_threshold(config: SamplerConfig, profile: CalibrationProfile | None) 
         return config.parallel_threshold
     point = profile.points[config.routing]  # routing names its profile point
     return NEVER if math.isinf(point) else max(int(math.ceil(point)), 0)
+
+
+def throughput_sampler(
+    profile: CalibrationProfile, graph: GraphStore, fanouts: Fanouts, config: SamplerConfig
+) -> PathSampler | None:
+    """The profile's throughput path when it is a device path (``cuda``, ``torch``), built
+    once for the default fanouts; None for ``parallel`` (NeighborSampler's own hop-by-hop)."""
+    if profile.path_b == "parallel":
+        return None
+    cost = psgs(graph, list(fanouts))
+    log.info("throughput path: %s (from the calibration profile)", profile.path_b)
+    return build_path(profile.path_b, graph, list(fanouts), config.seed, cost)
 
 
 def profile_path(config: ServeConfig) -> Path:
@@ -155,13 +170,15 @@ def calibrate(
     torch_threads: int | None = 1,
     seed: int = 0,
     progress: Callable[[str], None] | None = None,
+    throughput: str | None = None,
 ) -> tuple[CalibrationProfile, Path, Path]:
     """Calibrate the sampling paths of the store at ``store_dir`` with the checkpoint at
     ``model_dir`` (see :func:`gnnserve.sampling.calibration_runs.measure`); writes the profile
     JSON to ``out`` (default ``<store>/calibration.json``) and its PNG beside it (``.png``).
 
     ``fanouts`` default to ``serve``'s; ``torch_threads`` as ``serve --torch-threads`` (the model
-    forward is part of each measured batch). Returns (profile, json path, png path).
+    forward is part of each measured batch); ``throughput`` names the path measured against
+    inline (default: cuda where present, else parallel). Returns (profile, json path, png path).
     """
     graph = open_graph_store(store_dir)
     features = open_feature_store(store_dir)
@@ -179,7 +196,16 @@ def calibrate(
         torch.set_num_threads(torch_threads)
     try:
         profile = measure(
-            graph, features, runner.forward, identity, buckets, runs, max_seeds, seed, progress
+            graph,
+            features,
+            runner.forward,
+            identity,
+            buckets,
+            runs,
+            max_seeds,
+            seed,
+            progress,
+            throughput,
         )
     finally:
         torch.set_num_threads(before)

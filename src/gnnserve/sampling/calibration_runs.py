@@ -12,11 +12,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from gnnserve.errors import InvalidInputError
 from gnnserve.features.base import FeatureStore
 from gnnserve.graph.base import GraphStore
 from gnnserve.sampling.calibrate import POINTS, CalibrationProfile, Curve, Identity
 from gnnserve.sampling.metrics import psgs
-from gnnserve.sampling.paths import build_path, cpu_paths
+from gnnserve.sampling.paths import build_path, throughput_path
 from gnnserve.types import MiniBatch
 
 
@@ -62,13 +63,18 @@ def measure(
     max_seeds: int = 1024,
     seed: int = 0,
     progress: Callable[[str], None] | None = None,
+    throughput: str | None = None,
 ) -> CalibrationProfile:
-    """Calibrate the CPU paths on ``graph`` with ``identity.fanouts``: every batch through both
-    paths, interleaved, after one untimed warm-up pass of the smallest and largest batches."""
+    """Calibrate the latency path (inline) against the ``throughput`` path (default
+    :func:`throughput_path`: cuda where present, else parallel) on ``graph`` with
+    ``identity.fanouts``: every batch through both paths, interleaved, after one untimed
+    warm-up pass of the smallest and largest batches."""
     fanouts = identity.fanouts
     cost = psgs(graph, fanouts)
     plan = bucket_batches(cost, buckets, runs, max_seeds, np.random.default_rng(seed))
-    names = cpu_paths()
+    names = ["inline", throughput or throughput_path()]
+    if names[1] == "inline":
+        raise InvalidInputError("the throughput path must not be inline itself", "throughput")
     samplers = {p: build_path(p, graph, fanouts, seed, cost) for p in names}
     for sampler in samplers.values():
         for seeds in (plan[0][0], plan[-1][0]):

@@ -5,14 +5,19 @@
 - ``parallel``: the throughput path, hop by hop with the parallel numba kernel on every core
   (``NeighborSampler`` with threshold 1: every batch goes hop by hop, every non-empty hop is
   drawn in parallel);
-- ``cuda``: registered only when torch sees a GPU. TODO: GPU sampling and GPU feature gather
-  are not built yet; building this path raises :class:`SamplingPathError`, so a GPU machine
-  never silently samples on the CPU under the name ``cuda``.
+- ``cuda``: registered only when torch sees a GPU: :class:`~gnnserve.sampling.device.DeviceSampler`
+  with the adjacency in GPU memory, every hop drawn by tensor operations on the GPU; the
+  throughput path there. Features are gathered on the GPU by the tiered store's ``gpu`` tier
+  (``serve --tiers gpu=...``);
+- ``torch``: the same ``DeviceSampler`` on the CPU (torch's intra-op threads). Slower than the
+  numba paths for small batches; it is the ``cuda`` path's code on any machine.
 
-A served ``NeighborSampler`` chooses between the two CPU paths per batch: a batch whose summed
-PSGS (expected sampled nodes) is below its ``parallel_threshold`` runs inline, the rest hop by
-hop (:func:`path_for` states the rule). Calibration (``sampling.calibrate``) runs the same
-batches through each path alone to measure where that threshold should be.
+All paths draw the same sample for the same draw key (tested). A served ``NeighborSampler``
+chooses per batch: a batch whose summed PSGS (expected sampled nodes) is below its
+``parallel_threshold`` runs inline, the rest on its throughput path, hop by hop in parallel by
+default or on the calibrated ``throughput`` sampler (:func:`path_for` states the rule).
+Calibration (``sampling.calibrate``) runs the same batches through the latency path and one
+throughput path (:func:`throughput_path`: ``cuda`` where present) to measure that threshold.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import torch
 from gnnserve.errors import GnnServeError
 from gnnserve.graph.base import GraphStore
 from gnnserve.registry import Registry
+from gnnserve.sampling.device import DeviceSampler
 from gnnserve.sampling.sampler import NeighborSampler
 from gnnserve.types import SampledSubgraph
 
@@ -41,8 +47,9 @@ class PathSampler(Protocol):
     def sample(self, seeds: np.ndarray) -> SampledSubgraph:
         """The computation graph of ``seeds`` (checked)."""
 
-    def sample_valid(self, seeds: np.ndarray) -> SampledSubgraph:
-        """The same for seeds already validated (int64 ids of the graph, at least one)."""
+    def sample_valid(self, seeds: np.ndarray, rng_seed: int | None = None) -> SampledSubgraph:
+        """The same for seeds already validated (int64 ids of the graph, at least one); the
+        draw key ``rng_seed`` fixes the sample, the same one on every path."""
 
     def expected_size(self, seeds: np.ndarray) -> float:
         """Expected sampled nodes of ``seeds`` (their summed PSGS when known)."""
@@ -67,24 +74,36 @@ def parallel_path(
     return NeighborSampler(graph, fanouts, seed, parallel_threshold=1, cost=cost)
 
 
-def _cuda_path(
+@SAMPLING_PATHS.register("torch")
+def torch_path(
     graph: GraphStore, fanouts: list[int], seed: int = 0, cost: np.ndarray | None = None
-) -> PathSampler:
-    """TODO (issue 13 part 1, GPU): CUDA sampling with GPU feature gather is not built."""
-    raise SamplingPathError(
-        "the cuda sampling path is not implemented yet (GPU sampling and feature gather); "
-        f"use one of the CPU paths {cpu_paths()}",
-        "path",
-    )
+) -> DeviceSampler:
+    """The device sampler on the CPU: vectorised torch over torch's intra-op threads."""
+    return DeviceSampler(graph, fanouts, seed, cost, device="cpu")
+
+
+def cuda_path(
+    graph: GraphStore, fanouts: list[int], seed: int = 0, cost: np.ndarray | None = None
+) -> DeviceSampler:
+    """GPU throughput path: the adjacency in GPU memory, each hop drawn on the GPU."""
+    if not torch.cuda.is_available():
+        raise SamplingPathError("the cuda sampling path needs a CUDA device", "path")
+    return DeviceSampler(graph, fanouts, seed, cost, device="cuda")
 
 
 if torch.cuda.is_available():  # pragma: no cover - GPU machines only
-    SAMPLING_PATHS.register("cuda")(_cuda_path)
+    SAMPLING_PATHS.register("cuda")(cuda_path)
 
 
 def cpu_paths() -> list[str]:
-    """The CPU paths, latency path first."""
+    """The numba CPU paths, latency path first."""
     return ["inline", "parallel"]
+
+
+def throughput_path() -> str:
+    """The throughput path calibrated by default: ``cuda`` where torch sees a GPU, else
+    ``parallel``."""
+    return "cuda" if "cuda" in SAMPLING_PATHS.names() else "parallel"
 
 
 def available_paths() -> list[str]:
@@ -104,7 +123,8 @@ def build_path(
     return SAMPLING_PATHS.create(name, graph, fanouts, seed, cost)
 
 
-def path_for(expected_size: float, threshold: float) -> str:
-    """The CPU path a ``NeighborSampler`` with ``parallel_threshold = threshold`` takes for a
-    batch of summed PSGS ``expected_size``: inline below the threshold, parallel from it on."""
-    return "inline" if expected_size < threshold else "parallel"
+def path_for(expected_size: float, threshold: float, throughput: str = "parallel") -> str:
+    """The path a ``NeighborSampler`` with ``parallel_threshold = threshold`` takes for a
+    batch of summed PSGS ``expected_size``: inline below the threshold, its ``throughput``
+    path from it on."""
+    return "inline" if expected_size < threshold else throughput

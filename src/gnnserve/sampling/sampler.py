@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import queue
 import threading
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -37,12 +38,23 @@ def call_key(seed: int, call: int) -> np.uint64:
     return np.uint64((seed * 0x9E3779B1 + call * 0x85EBCA77) & 0xFFFFFFFFFFFFFFFF)
 
 
+class KeyedSampler(Protocol):
+    """A sampler whose draws a key fixes (``sampling.device.DeviceSampler``)."""
+
+    def sample_valid(self, seeds: np.ndarray, rng_seed: int | None = None) -> SampledSubgraph:
+        """The computation graph of validated ``seeds`` drawn with key ``rng_seed``."""
+
+
 class NeighborSampler:
     """Uniform k-hop sampling without replacement over a GraphStore.
 
     ``fanouts[0]`` is the hop nearest the seeds; -1 takes every neighbour. Every hop samples the
     neighbours of all nodes reached so far (DGL-style blocks), so block ``l``'s destinations are
     exactly block ``l+1``'s sources. Thread-safe: each call borrows its own scratch map.
+
+    A batch whose expected size reaches ``parallel_threshold`` goes on the throughput path: hop by
+    hop with the parallel kernel, or ``throughput`` when set (a calibrated device path such as
+    ``cuda``, which draws the same sample for the same key).
     """
 
     def __init__(
@@ -52,8 +64,10 @@ class NeighborSampler:
         seed: int = 0,
         parallel_threshold: int = DEFAULT_PARALLEL_THRESHOLD,
         cost: np.ndarray | None = None,
+        throughput: KeyedSampler | None = None,
     ) -> None:
         self.graph = graph
+        self.throughput = throughput
         self.fanouts = check_fanouts(fanouts)
         self.seed = int(seed)
         self.parallel_threshold = int(parallel_threshold)
@@ -99,8 +113,11 @@ class NeighborSampler:
         """:meth:`sample` for seeds already validated (int64 ids of this graph, at least one:
         a batch of admitted requests), without checking them again."""
         key = self._next_seed() if rng_seed is None else np.uint64(rng_seed & (2**64 - 1))
+        inline = self.expected_size(seeds) < self.parallel_threshold
+        if not inline and self.throughput is not None:
+            return self.throughput.sample_valid(seeds, int(key))
         local_id = self._borrow_map()
-        if self.expected_size(seeds) < self.parallel_threshold:
+        if inline:
             try:
                 return self._sample_inline(seeds, key, local_id)
             finally:
