@@ -11,6 +11,9 @@ Sections (``--sections``, comma-separated; all by default):
   crossover points per graph; PSGS-Strict / Loose vs fixed batch-size bounds at a 10 ms SLO
   (``slo``) and at 30 ms (``slo30``: 10 ms is out of reach for a 128-node request on 2 cores);
   hybrid routing vs each single path (capacity at p99 <= 30 ms). On fb100.
+- ``devices`` (bench/quiver_devices.py): sample + feature gather per batch on every sampling path
+  this machine has (inline, parallel, torch; cuda with a GPU) vs PyG's NeighborLoader (on the
+  GPU too where there is one), per graph.
 
 Graphs: fb100_cornell5 (16,801 nodes) and an R-MAT graph of 2^20 nodes and 10M edges (``--rmat``;
 minutes to generate). Results: bench/results/quiver.json and quiver.png.
@@ -35,6 +38,7 @@ from gnnserve.deploy.ray import start_ray, stop_ray
 from gnnserve.graph import open_graph_store
 from gnnserve.models.checkpoint import save_checkpoint
 from gnnserve.models.zoo import GNN, ModelConfig
+from quiver_devices import run_devices
 from quiver_pipelines import run_pipelines
 from quiver_placement import (
     BUDGETS,
@@ -54,7 +58,9 @@ SERVERS = (2, 4, 8)
 def parse() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--quick", action="store_true")
-    p.add_argument("--sections", default="placement,pipelines,calibration,slo,slo30,routing")
+    p.add_argument(
+        "--sections", default="placement,pipelines,calibration,slo,slo30,routing,devices"
+    )
     p.add_argument("--rmat", action="store_true", help="also the 2^20-node R-MAT graph")
     p.add_argument("--requests", type=int, default=20_000, help="per stream half")
     p.add_argument("--measured", type=int, default=2000, help="requests through real stores")
@@ -247,6 +253,23 @@ def routing(
     return out
 
 
+def devices(
+    args: argparse.Namespace, stores: dict[str, tuple[Path, Path]], targets: Targets
+) -> dict:
+    """Sample + gather per batch on every sampling path here (cuda with a GPU) vs PyG's
+    NeighborLoader, per graph; with a GPU the cuda path's latency over PyG's on the GPU is a
+    target (Quiver reports 35x lower latency than PyG)."""
+    out = {}
+    for name, (store, _) in stores.items():
+        print(f"[quiver] devices {name} ...", flush=True)
+        out[name] = run_devices(store, FANOUTS, args.rounds, args.quick)
+        if "cuda" in out[name]["paths"]:
+            for size, row in out[name]["batch_sizes"].items():
+                speedup = row["cuda_speedup_over_pyg"]["median"]
+                targets.check(f"{name} {size} seeds: PyG on GPU / cuda path ms", speedup, 35.0)
+    return out
+
+
 SECTIONS = {
     "placement": placement,
     "pipelines": pipelines,
@@ -254,6 +277,7 @@ SECTIONS = {
     "slo": slo,
     "slo30": slo30,
     "routing": routing,
+    "devices": devices,
 }
 
 
@@ -266,7 +290,8 @@ def plot(results: dict[str, Any], path: Path) -> None:
 
     rows = results.get("placement", {}).get("results", [])
     pipes = results.get("pipelines", {}).get("results")
-    panels = len(rows) + (1 if pipes else 0)
+    devices = results.get("devices", {}).get("results", {})
+    panels = len(rows) + (1 if pipes else 0) + len(devices)
     fig, axes = plt.subplots(1, max(panels, 1), figsize=(4.2 * max(panels, 1), 3.4), squeeze=False)
     for ax, row in zip(axes[0], rows, strict=False):
         names = list(row["hit_rate"])
@@ -280,7 +305,7 @@ def plot(results: dict[str, Any], path: Path) -> None:
         ax.set_title(f"{row['graph']} {row['stream']}: hot-tier hit rate", fontsize=9)
         ax.legend(fontsize=7)
     if pipes:
-        ax = axes[0][-1]
+        ax = axes[0][len(rows)]
         rps = pipes["rps"]
         med = [rps[c]["median"] for c in rps]
         err = [[m - rps[c]["min"] for m, c in zip(med, rps, strict=True)],
@@ -288,7 +313,27 @@ def plot(results: dict[str, Any], path: Path) -> None:
         ax.bar(range(len(rps)), med, yerr=err, color="#2a7")
         ax.set_xticks(range(len(rps)), [f"{c} pipeline(s)" for c in rps], fontsize=7)
         ax.set_title("shared-queue pipelines: req/s", fontsize=9)
+    first = len(rows) + (1 if pipes else 0)
+    for ax, (graph, out) in zip(axes[0][first:], devices.items(), strict=True):
+        plot_devices(ax, graph, out)
     save_figure(fig, path)
+
+
+def plot_devices(ax: Any, graph: str, out: dict[str, Any]) -> None:
+    """ms per batch (sample + gather, log scale) of each path and PyG, per batch size."""
+    sizes = list(out["batch_sizes"])
+    arms = [k for k in out["batch_sizes"][sizes[0]] if "speedup" not in k]
+    for i, size in enumerate(sizes):
+        row = out["batch_sizes"][size]
+        med = [row[a]["median"] for a in arms]
+        err = [[m - row[a]["min"] for m, a in zip(med, arms, strict=True)],
+               [row[a]["max"] - m for m, a in zip(med, arms, strict=True)]]  # fmt: skip
+        width = 0.8 / len(sizes)
+        ax.bar(np.arange(len(arms)) + width * i, med, width, yerr=err, label=f"{size} seeds")
+    ax.set_xticks(np.arange(len(arms)) + 0.4 - 0.4 / len(sizes), arms, fontsize=7)
+    ax.set_yscale("log")
+    ax.set_title(f"{graph}: sample + gather ms per batch", fontsize=9)
+    ax.legend(fontsize=7)
 
 
 if __name__ == "__main__":
