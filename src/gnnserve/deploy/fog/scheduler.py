@@ -1,0 +1,138 @@
+"""Fograph's dual-mode adaptive workload scheduler (§III-F, Algorithm 2).
+
+After a round, each fog's measured time ``T_j`` gives its skew ``mu_j = T_j / mean(T)`` (Eq. 9).
+When no ``mu_j`` exceeds the slack ``lambda`` (> 1) the plan stays. Otherwise, with ``n+`` fogs
+over it: ``n+/n <= theta`` (default 0.5) -> diffusion, a light local fix; else global
+re-planning with IEP on the load-factor-updated latency models.
+
+Diffusion moves vertices from the slowest fog to the fastest, one boundary vertex at a time:
+the vertex of the slow side with the most neighbours on the fast side. How many: the pair's
+times are predicted per vertex (``T_j / |V_j|``, which already holds the fog's load), and
+vertices move until the two are as even as whole vertices make them. Pairs are repeated
+(slowest with fastest, on the predicted times) until every predicted ``mu`` is within lambda or
+nothing more can move. Everything is computed on a copy: the caller applies the new membership
+between rounds (Fograph: "at system idle time").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import scipy.sparse as sp
+
+from gnnserve.errors import InvalidInputError
+
+DEFAULT_SLACK = 1.2  # lambda: tolerated max / mean round time
+DEFAULT_SKEW_THRESHOLD = 0.5  # theta: share of overloaded fogs above which IEP re-plans
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What the scheduler decided after one round."""
+
+    mode: str  # "keep" | "diffusion" | "replan"
+    membership: np.ndarray  # int64 [N] fog of each vertex after the decision
+    moved: np.ndarray  # int64 [m] vertices whose fog changed
+    mu: np.ndarray  # float [n] measured skew of each fog (Eq. 9)
+    predicted_ms: np.ndarray  # float [n] predicted round time per fog after the decision
+
+
+def skew(times_ms: np.ndarray) -> np.ndarray:
+    """Eq. 9: each fog's time over the mean time of all fogs."""
+    t = np.asarray(times_ms, float)
+    if t.ndim != 1 or t.size == 0 or not np.all(np.isfinite(t)) or (t < 0).any():
+        raise InvalidInputError("round times must be a non-empty list of finite ms >= 0", "times")
+    mean = t.mean()
+    return t / mean if mean > 0 else np.ones_like(t)
+
+
+def symmetric_adjacency(indptr: np.ndarray, indices: np.ndarray) -> sp.csr_matrix:
+    """0/1 CSR [N, N] of the undirected graph (u ~ v when either edge exists), no self loops."""
+    n = indptr.size - 1
+    dst = np.repeat(np.arange(n), np.diff(indptr))
+    src = np.asarray(indices, np.int64)
+    a = sp.coo_matrix((np.ones(src.size, np.int8), (src, dst)), shape=(n, n)).tocsr()
+    a = ((a + a.T) > 0).astype(np.int32).tocsr()
+    a.setdiag(0)
+    a.eliminate_zeros()
+    return a
+
+
+def diffuse_pair(
+    adjacency: sp.csr_matrix, membership: np.ndarray, slow: int, fast: int, count: int
+) -> np.ndarray:
+    """Move ``count`` vertices from fog ``slow`` to fog ``fast`` in place, each time the slow
+    side's vertex with the most neighbours on the fast side (ties: lowest id); returns them."""
+    on_fast = (membership == fast).astype(np.int32)
+    links = np.asarray(adjacency @ on_fast).ravel()  # neighbours on the fast side
+    links = np.where(membership == slow, links, -1)
+    moved = []
+    for _ in range(min(count, int((membership == slow).sum()))):
+        v = int(np.argmax(links))
+        if links[v] < 0:
+            break
+        membership[v], links[v] = fast, -1
+        nbrs = adjacency.indices[adjacency.indptr[v] : adjacency.indptr[v + 1]]
+        links[nbrs[links[nbrs] >= 0]] += 1
+        moved.append(v)
+    return np.asarray(moved, np.int64)
+
+
+def diffusion(
+    adjacency: sp.csr_matrix,
+    membership: np.ndarray,
+    times_ms: np.ndarray,
+    slack: float = DEFAULT_SLACK,
+    max_pairs: int | None = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Diffusion on a copy of ``membership``: (new membership, moved vertices, predicted ms)."""
+    member = np.asarray(membership, np.int64).copy()
+    n = times_ms.size
+    counts = np.bincount(member, minlength=n).astype(float)
+    per_vertex = np.where(counts > 0, times_ms / np.maximum(counts, 1), np.median(times_ms))
+    predicted = np.asarray(times_ms, float).copy()
+    moved: list[np.ndarray] = []
+    for _ in range(max_pairs or 2 * n):
+        if predicted.max() <= slack * predicted.mean():
+            break
+        slow, fast = int(np.argmax(predicted)), int(np.argmin(predicted))
+        # T_s - k c_s = T_f + k c_f: the move count that evens the pair
+        k = int((predicted[slow] - predicted[fast]) / (per_vertex[slow] + per_vertex[fast]))
+        if k <= 0:
+            break
+        step = diffuse_pair(adjacency, member, slow, fast, k)
+        if step.size == 0:
+            break
+        predicted[slow] -= step.size * per_vertex[slow]
+        predicted[fast] += step.size * per_vertex[fast]
+        moved.append(step)
+    all_moved = np.unique(np.concatenate(moved)) if moved else np.empty(0, np.int64)
+    return member, all_moved, predicted
+
+
+def schedule(
+    adjacency: sp.csr_matrix,
+    membership: np.ndarray,
+    times_ms: np.ndarray,
+    replan: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]],
+    slack: float = DEFAULT_SLACK,
+    skew_threshold: float = DEFAULT_SKEW_THRESHOLD,
+) -> Decision:
+    """Algorithm 2 after a round that took ``times_ms`` per fog. ``replan(times_ms)`` runs IEP
+    with the load-factor-updated models and returns (membership, predicted ms per fog)."""
+    if slack <= 1.0 or skew_threshold <= 0:
+        raise InvalidInputError("need slack > 1 and skew threshold > 0", "scheduler")
+    times = np.asarray(times_ms, float)
+    mu = skew(times)
+    current = np.asarray(membership, np.int64)
+    overloaded = int((mu > slack).sum())
+    if overloaded == 0:
+        return Decision("keep", current.copy(), np.empty(0, np.int64), mu, times.copy())
+    if overloaded / mu.size <= skew_threshold:
+        member, moved, predicted = diffusion(adjacency, current, times, slack)
+        return Decision("diffusion", member, moved, mu, predicted)
+    member, predicted = replan(times)
+    moved = np.flatnonzero(member != current).astype(np.int64)
+    return Decision("replan", np.asarray(member, np.int64), moved, mu, np.asarray(predicted))
