@@ -1,0 +1,169 @@
+"""A fog cluster on Ray: one :class:`~.node.FogNode` actor per fog node, one gloo group, BSP
+rounds of full-graph inference over a placement (Fograph §III-E).
+
+The driver (the metadata server's role) holds the graph topology and the placement; it builds
+every fog's partition, starts the actors, and per round asks all of them to run and assembles
+their outputs into one [N, C] array in vertex order. :meth:`FogCluster.apply` installs a new
+placement (diffusion or re-plan) between rounds: rounds and re-placements are serialised by one
+lock, so a round never sees half a placement.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import ray
+
+from gnnserve.deploy.fog.node import FogNode, NodeRound
+from gnnserve.deploy.fog.partition import build_fog_partitions, check_membership
+from gnnserve.deploy.ray import start_ray, stop_ray
+from gnnserve.errors import InvalidInputError
+from gnnserve.graph.base import GraphStore
+from gnnserve.models.zoo import GNN
+
+_NodeActor = ray.remote(num_cpus=0)(FogNode)
+
+
+@dataclass
+class ClusterRound:
+    """One BSP round: every vertex's output and each fog's report."""
+
+    logits: np.ndarray  # float32 [N, C] in vertex order
+    nodes: list[NodeRound]  # by fog rank
+    plan_version: int  # placement version the round ran on
+
+    @property
+    def round_ms(self) -> float:
+        """The round's time: its slowest fog's."""
+        return max(n.total_ms for n in self.nodes)
+
+
+def local_rows(membership: np.ndarray, world: int) -> np.ndarray:
+    """int64 [N]: each vertex's row among its fog's owned vertices (ascending ids)."""
+    order = np.argsort(membership, kind="stable")
+    starts = np.concatenate([[0], np.cumsum(np.bincount(membership, minlength=world))])
+    local = np.empty(membership.size, np.int64)
+    local[order] = np.arange(membership.size) - starts[membership[order]]
+    return local
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class FogCluster:
+    """``len(set(membership))`` fog actors serving ``model`` on ``graph``.
+
+    ``features``: float32 [N, F], the vertices' first readings (each fog keeps its own rows;
+    :meth:`collect` updates them). ``actor_options``: per-fog Ray options (e.g. a
+    ``runtime_env``); uses the running Ray instance or starts a local one. Close with
+    :meth:`close` or use as a context manager.
+    """
+
+    def __init__(
+        self,
+        model: GNN,
+        graph: GraphStore,
+        features: np.ndarray,
+        membership: np.ndarray,
+        world: int,
+        *,
+        threads_per_node: int = 1,
+        timeout_s: float = 120.0,
+        actor_options: list[dict[str, Any]] | None = None,
+    ) -> None:
+        self.model, self.world = model.eval(), int(world)
+        self.indptr, self.indices = graph.csr()
+        self.num_nodes = graph.num_nodes
+        self.gcn_degree = np.asarray(graph.gcn_degree(np.arange(self.num_nodes)), np.float32)
+        self.features = np.asarray(features, np.float32)
+        if self.features.shape != (self.num_nodes, model.config.in_dim):
+            raise InvalidInputError(
+                f"features must be [{self.num_nodes}, {model.config.in_dim}]", "features"
+            )
+        self.membership = check_membership(membership, self.num_nodes, self.world)
+        self._local = local_rows(self.membership, self.world)
+        self.version = 0
+        self._lock = threading.Lock()
+        self._owns_ray = start_ray(max(2, self.world))
+        parts = self._partitions(self.membership)
+        options = actor_options or [{} for _ in parts]
+        self._nodes: list[Any] = [
+            _NodeActor.options(**opt).remote(
+                p, self.model, self.features[p.owned], threads_per_node
+            )
+            for p, opt in zip(parts, options, strict=True)
+        ]
+        try:
+            port = _free_port()
+            ray.get([n.connect.remote(port, timeout_s) for n in self._nodes])
+        except BaseException:
+            self.close()
+            raise
+
+    def _partitions(self, membership: np.ndarray) -> list[Any]:
+        return build_fog_partitions(
+            self.indptr, self.indices, membership, self.world, self.gcn_degree
+        )
+
+    def run(self) -> ClusterRound:
+        """One BSP round on the current features and placement."""
+        with self._lock:
+            reports: list[NodeRound] = ray.get([n.run.remote() for n in self._nodes])
+            logits = np.empty((self.num_nodes, reports[0].logits.shape[1]), np.float32)
+            for r in reports:
+                logits[self.membership == r.rank] = r.logits
+            return ClusterRound(logits, reports, self.version)
+
+    def collect(self, vertices: np.ndarray, values: np.ndarray) -> None:
+        """New readings of ``vertices`` (int64 ids) -> their fogs, before the next round."""
+        vertices = np.asarray(vertices, np.int64)
+        with self._lock:
+            self.features[vertices] = values
+            owner, local = self.membership[vertices], self._local[vertices]
+            ray.get(
+                [
+                    n.collect.remote(local[owner == j], self.features[vertices[owner == j]])
+                    for j, n in enumerate(self._nodes)
+                ]
+            )
+
+    def apply(self, membership: np.ndarray, model: GNN | None = None) -> int:
+        """Install a new placement (and optionally a new model) between rounds; returns the new
+        plan version. Each fog receives its new partition and its vertices' latest features."""
+        member = check_membership(membership, self.num_nodes, self.world)
+        parts = self._partitions(member)
+        with self._lock:
+            ray.get(
+                [
+                    n.load.remote(p, model, self.features[p.owned])
+                    for p, n in zip(parts, self._nodes, strict=True)
+                ]
+            )
+            self.membership, self._local = member, local_rows(member, self.world)
+            if model is not None:
+                self.model = model.eval()
+            self.version += 1
+            return self.version
+
+    def close(self) -> None:
+        """Stop the actors (and a Ray instance started here)."""
+        for node in getattr(self, "_nodes", []):
+            with contextlib.suppress(Exception):  # a dead actor has nothing to close
+                ray.get(node.close.remote(), timeout=30)
+            ray.kill(node)
+        self._nodes = []
+        stop_ray(getattr(self, "_owns_ray", False))
+
+    def __enter__(self) -> FogCluster:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

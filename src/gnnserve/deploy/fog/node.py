@@ -1,0 +1,122 @@
+"""One fog node of a BSP full-graph inference round (Fograph §III-E): a Ray actor's body.
+
+Per layer the node computes its owned rows from ``owned ++ halo`` inputs, then swaps boundary
+rows with the other fogs in one gloo ``all_to_all_single`` (every fog sends each other fog the
+rows of its halo), which is also the layer's barrier. Layer 0's halo rows are the neighbours'
+collected features, exchanged the same way.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from gnnserve.deploy.cgp.exchange import Exchange
+from gnnserve.deploy.fog.partition import FogPartition
+from gnnserve.errors import InvalidInputError
+from gnnserve.models.zoo import GNN
+
+
+@dataclass
+class NodeRound:
+    """What one fog node reports of one round."""
+
+    rank: int
+    logits: np.ndarray  # float32 [n_own, C]: its owned vertices' outputs, ascending ids
+    compute_ms: float  # layer computation
+    exchange_ms: float  # boundary exchange and barrier waits
+    total_ms: float  # the whole round on this node
+    bytes_sent: int  # boundary rows sent to other fogs
+    vertices: int  # |V| of its partition
+    halo: int  # |N_V| of its partition
+    layer_ms: list[float] = field(default_factory=list)  # compute per layer
+
+
+class FogNode:
+    """Holds a :class:`FogPartition`, its vertices' latest features and the model; runs its
+    part of each round. ``threads``: torch intra-op threads of the process."""
+
+    def __init__(self, part: FogPartition, model: GNN, features: np.ndarray, threads: int = 1):
+        torch.set_num_threads(max(1, int(threads)))
+        self.comm = Exchange(part.rank, part.world)
+        self.load(part, model, features)
+
+    def load(self, part: FogPartition, model: GNN | None, features: np.ndarray) -> int:
+        """Take a new partition (a migration or re-plan), its features and, when given, a new
+        model; between rounds only. Returns the number of owned vertices."""
+        if features.shape[0] != part.owned.size:
+            raise InvalidInputError(
+                f"fog {part.rank}: {features.shape[0]} feature rows for {part.owned.size} vertices",
+                "features",
+            )
+        self.part = part
+        if model is not None:
+            self.model = model.eval()
+        with warnings.catch_warnings():  # Ray hands arrays over read-only; they are only read
+            warnings.filterwarnings("ignore", message=".*not writable.*")
+            self.features = torch.from_numpy(np.asarray(features, np.float32))
+        return int(part.owned.size)
+
+    def connect(self, port: int, timeout_s: float = 60.0) -> int:
+        """Join the gloo group rendezvousing at 127.0.0.1:``port``; returns the rank."""
+        dist.init_process_group(
+            "gloo",
+            init_method=f"tcp://127.0.0.1:{port}",
+            rank=self.part.rank,
+            world_size=self.part.world,
+            timeout=timedelta(seconds=timeout_s),
+        )
+        return self.part.rank
+
+    def close(self) -> None:
+        """Leave the process group."""
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+    def collect(self, rows: np.ndarray, values: np.ndarray) -> int:
+        """Store uploaded features: ``values`` [m, F] for local owned ``rows`` [m]."""
+        self.features[torch.from_numpy(np.asarray(rows, np.int64))] = torch.from_numpy(
+            np.asarray(values, np.float32)
+        )
+        return int(len(rows))
+
+    def run(self) -> NodeRound:
+        """This fog's part of one round; every fog of the group must be called."""
+        start = time.perf_counter()
+        self.comm.reset()
+        part, exchange_s, layer_ms = self.part, 0.0, []
+        h = self.features
+        with torch.inference_mode():
+            for index in range(self.model.config.num_layers):
+                t0 = time.perf_counter()
+                halo = self._swap(h, f"layer{index}")
+                t1 = time.perf_counter()
+                h = self.model.layer_forward(index, torch.cat([h, halo]), part.block, part.degree)
+                exchange_s += t1 - t0
+                layer_ms.append((time.perf_counter() - t1) * 1e3)
+        total = (time.perf_counter() - start) * 1e3
+        return NodeRound(
+            part.rank,
+            h.numpy(),
+            compute_ms=float(sum(layer_ms)),
+            exchange_ms=exchange_s * 1e3,
+            total_ms=total,
+            bytes_sent=self.comm.bytes_sent,
+            vertices=int(part.owned.size),
+            halo=int(part.halo.size),
+            layer_ms=layer_ms,
+        )
+
+    def _swap(self, h: torch.Tensor, tag: str) -> torch.Tensor:
+        """Rows of this fog's halo, from their owners (grouped by owner rank)."""
+        part = self.part
+        rows = torch.from_numpy(np.concatenate(part.send_rows))
+        send = h.index_select(0, rows)
+        counts = [int(r.size) for r in part.send_rows]
+        return self.comm.all_to_all(send, counts, part.halo_counts, tag)
