@@ -113,10 +113,24 @@ class FogCluster:
             self.indptr, self.indices, membership, self.world, self.gcn_degree
         )
 
-    def run(self) -> ClusterRound:
-        """One BSP round on the current features and placement."""
+    def listen(self, hosts: list[str], groups: int = 1) -> list[int]:
+        """Every fog receives uploads on its ``hosts[j]`` (``groups`` device groups each);
+        returns the ports."""
+        return ray.get(
+            [n.listen.remote(h, groups) for n, h in zip(self._nodes, hosts, strict=True)]
+        )
+
+    def pids(self) -> list[int]:
+        """Process id of every fog node (for CPU quotas)."""
+        return ray.get([n.pid.remote() for n in self._nodes])
+
+    def run(self, round_id: int | None = None, wait_s: float = 120.0) -> ClusterRound:
+        """One BSP round on the current placement: with ``round_id``, each fog first waits for
+        that round's uploads; without, it runs on the features it holds."""
         with self._lock:
-            reports: list[NodeRound] = ray.get([n.run.remote() for n in self._nodes])
+            reports: list[NodeRound] = ray.get(
+                [n.run.remote(round_id, wait_s) for n in self._nodes]
+            )
             logits = np.empty((self.num_nodes, reports[0].logits.shape[1]), np.float32)
             for r in reports:
                 logits[self.membership == r.rank] = r.logits

@@ -8,8 +8,8 @@ collected features, exchanged the same way.
 
 from __future__ import annotations
 
+import os
 import time
-import warnings
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -19,6 +19,7 @@ import torch.distributed as dist
 
 from gnnserve.deploy.cgp.exchange import Exchange
 from gnnserve.deploy.fog.partition import FogPartition
+from gnnserve.deploy.fog.upload import Receiver
 from gnnserve.errors import InvalidInputError
 from gnnserve.models.zoo import GNN
 
@@ -29,9 +30,10 @@ class NodeRound:
 
     rank: int
     logits: np.ndarray  # float32 [n_own, C]: its owned vertices' outputs, ascending ids
+    collect_ms: float  # waiting for this round's uploads (0 without a round id)
     compute_ms: float  # layer computation
     exchange_ms: float  # boundary exchange and barrier waits
-    total_ms: float  # the whole round on this node
+    total_ms: float  # the whole round on this node, collection included
     bytes_sent: int  # boundary rows sent to other fogs
     vertices: int  # |V| of its partition
     halo: int  # |N_V| of its partition
@@ -58,10 +60,22 @@ class FogNode:
         self.part = part
         if model is not None:
             self.model = model.eval()
-        with warnings.catch_warnings():  # Ray hands arrays over read-only; they are only read
-            warnings.filterwarnings("ignore", message=".*not writable.*")
-            self.features = torch.from_numpy(np.asarray(features, np.float32))
+        # a copy: Ray hands large arrays over read-only, and uploads write into these rows
+        self.features = torch.from_numpy(np.array(features, np.float32))
         return int(part.owned.size)
+
+    def listen(self, host: str, groups: int = 1) -> int:
+        """Receive device uploads on ``host`` (any free port, returned); ``groups`` device
+        groups upload each round. The receiver's threads write the rows as chunks arrive."""
+        self.receiver = Receiver(host, self._apply, groups)
+        return self.receiver.port
+
+    def _apply(self, start: int, values: np.ndarray) -> None:
+        self.features[start : start + values.shape[0]] = torch.from_numpy(values.copy())
+
+    def pid(self) -> int:
+        """This node's process id (for its CPU quota)."""
+        return os.getpid()
 
     def connect(self, port: int, timeout_s: float = 60.0) -> int:
         """Join the gloo group rendezvousing at 127.0.0.1:``port``; returns the rank."""
@@ -86,9 +100,13 @@ class FogNode:
         )
         return int(len(rows))
 
-    def run(self) -> NodeRound:
-        """This fog's part of one round; every fog of the group must be called."""
+    def run(self, round_id: int | None = None, wait_s: float = 120.0) -> NodeRound:
+        """This fog's part of one round; every fog of the group must be called. With
+        ``round_id``, first wait until that round's uploads have arrived (``collect_ms``)."""
         start = time.perf_counter()
+        if round_id is not None:
+            self.receiver.wait(round_id, wait_s)
+        collected = time.perf_counter()
         self.comm.reset()
         part, exchange_s, layer_ms = self.part, 0.0, []
         h = self.features
@@ -104,6 +122,7 @@ class FogNode:
         return NodeRound(
             part.rank,
             h.numpy(),
+            collect_ms=(collected - start) * 1e3,
             compute_ms=float(sum(layer_ms)),
             exchange_ms=exchange_s * 1e3,
             total_ms=total,
