@@ -113,12 +113,20 @@ class FogCluster:
             self.indptr, self.indices, membership, self.world, self.gcn_degree
         )
 
-    def listen(self, hosts: list[str], groups: int = 1) -> list[int]:
-        """Every fog receives uploads on its ``hosts[j]`` (``groups`` device groups each);
-        returns the ports."""
+    def listen(self, hosts: list[str | list[str]], groups: int = 1) -> list[int]:
+        """Every fog receives uploads on its ``hosts[j]`` (an address or several; ``groups``
+        device groups each); returns the ports."""
         return ray.get(
             [n.listen.remote(h, groups) for n, h in zip(self._nodes, hosts, strict=True)]
         )
+
+    def time_subgraph(self, part: Any, features: np.ndarray, repeats: int = 1) -> list[float]:
+        """ms of the model on calibration subgraph ``part`` on every fog, one fog at a time (so
+        each is timed alone, under its own CPU quota)."""
+        with self._lock:
+            return [
+                float(ray.get(n.time_subgraph.remote(part, features, repeats))) for n in self._nodes
+            ]
 
     def pids(self) -> list[int]:
         """Process id of every fog node (for CPU quotas)."""

@@ -20,7 +20,7 @@ class DeviceGroup:
 
     ``bits``: per-row DAQ bitwidths (None: raw float32 uploads, no compression); ``link``: the
     testbed link it sends over (None: loopback, no shaping); ``port``/``host``: the fog's
-    receiver. Rows are the fog's owned vertices in ascending id order.
+    receiver. Rows are the fog's owned vertices in ascending id order from row ``offset``.
     """
 
     def __init__(
@@ -30,10 +30,11 @@ class DeviceGroup:
         bits: np.ndarray | None = None,
         link: Link | None = None,
         chunks: int = 4,
+        offset: int = 0,
     ) -> None:
         self._dir = tempfile.TemporaryDirectory(prefix="gnnserve-fog-dev-")
         cmd = [sys.executable, "-m", "gnnserve.deploy.fog.upload", "--connect", f"{host}:{port}"]
-        cmd += ["--chunks", str(chunks)]
+        cmd += ["--chunks", str(chunks), "--offset", str(offset)]
         if bits is not None:
             np.save(Path(self._dir.name) / "bits.npy", np.asarray(bits, np.uint8))
             cmd += ["--bits", str(Path(self._dir.name) / "bits.npy")]
@@ -43,6 +44,16 @@ class DeviceGroup:
         self.proc = subprocess.Popen(
             cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1
         )
+
+    def set_bits(self, bits: np.ndarray) -> None:
+        """New per-row DAQ widths (the group's rows changed with a re-placement); applies to
+        the next round. Only for a group started with bits."""
+        path = Path(self._dir.name) / "bits.npy"
+        np.save(path, np.asarray(bits, np.uint8))
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(f"bits {path}\n")
+        self.proc.stdin.flush()
+        self.finish_round()  # its acknowledgement
 
     def start_round(self, round_id: int, values: np.ndarray) -> None:
         """Hand this round's readings (float32 [rows, F]) to the process, which uploads them."""

@@ -64,7 +64,7 @@ class FogNode:
         self.features = torch.from_numpy(np.array(features, np.float32))
         return int(part.owned.size)
 
-    def listen(self, host: str, groups: int = 1) -> int:
+    def listen(self, host: str | list[str], groups: int = 1) -> int:
         """Receive device uploads on ``host`` (any free port, returned); ``groups`` device
         groups upload each round. The receiver's threads write the rows as chunks arrive."""
         self.receiver = Receiver(host, self._apply, groups)
@@ -131,6 +131,22 @@ class FogNode:
             halo=int(part.halo.size),
             layer_ms=layer_ms,
         )
+
+    def time_subgraph(self, part: FogPartition, features: np.ndarray, repeats: int = 1) -> float:
+        """Mean ms of the model's layers over calibration subgraph ``part`` (its halo inputs
+        given in ``features``, owned then halo rows; later layers' halo rows are zeros): the
+        profiler's measurement, no exchange."""
+        x = torch.from_numpy(np.array(features, np.float32))
+        times = []
+        with torch.inference_mode():
+            for _ in range(max(1, repeats)):
+                t0 = time.perf_counter()
+                h = x
+                for index in range(self.model.config.num_layers):
+                    y = self.model.layer_forward(index, h, part.block, part.degree)
+                    h = torch.cat([y, y.new_zeros((part.halo.size, y.shape[1]))])
+                times.append((time.perf_counter() - t0) * 1e3)
+        return float(np.mean(times))
 
     def _swap(self, h: torch.Tensor, tag: str) -> torch.Tensor:
         """Rows of this fog's halo, from their owners (grouped by owner rank)."""

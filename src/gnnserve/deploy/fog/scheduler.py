@@ -119,15 +119,22 @@ def schedule(
     replan: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]],
     slack: float = DEFAULT_SLACK,
     skew_threshold: float = DEFAULT_SKEW_THRESHOLD,
+    min_excess_ms: float = 0.0,
 ) -> Decision:
     """Algorithm 2 after a round that took ``times_ms`` per fog. ``replan(times_ms)`` runs IEP
-    with the load-factor-updated models and returns (membership, predicted ms per fog)."""
-    if slack <= 1.0 or skew_threshold <= 0:
-        raise InvalidInputError("need slack > 1 and skew threshold > 0", "scheduler")
+    with the load-factor-updated models and returns (membership, predicted ms per fog).
+
+    ``min_excess_ms``: a fog counts as overloaded only when it is also that many ms above the
+    mean (beyond Fograph: on rounds of a few ms, timer noise alone passes any slack, and a
+    placement change costs more than it can win)."""
+    if slack <= 1.0 or skew_threshold <= 0 or min_excess_ms < 0:
+        raise InvalidInputError(
+            "need slack > 1, skew threshold > 0 and min_excess_ms >= 0", "scheduler"
+        )
     times = np.asarray(times_ms, float)
     mu = skew(times)
     current = np.asarray(membership, np.int64)
-    overloaded = int((mu > slack).sum())
+    overloaded = int(((mu > slack) & (times - times.mean() > min_excess_ms)).sum())
     if overloaded == 0:
         return Decision("keep", current.copy(), np.empty(0, np.int64), mu, times.copy())
     if overloaded / mu.size <= skew_threshold:

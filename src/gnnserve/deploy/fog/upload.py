@@ -3,10 +3,12 @@ readings to their fog node, packed by the communication optimizer, unpacked on t
 receiver thread as chunks arrive (pipelined with the rest of the upload).
 
 A device group is a process (``python -m gnnserve.deploy.fog.upload``; in a testbed link's
-network namespace) holding the sensors of one fog. Per round it reads one command line on stdin,
-``<round> <path of an .npy of its rows' readings>``, splits the rows into chunks, packs each
-(DAQ + LZ4 with the per-row bits given at start, or raw float32), waits the link's sender delay
-once, sends them, and answers one JSON line on stdout (bytes sent, pack and send ms).
+network namespace) holding the sensors of one fog. It reads command lines on stdin:
+``bits <path of an .npy>`` installs new per-row DAQ widths (after a re-placement; answers
+``{"bits": rows}``); per round, ``<round> <path of an .npy of its rows' readings>`` splits the
+rows into chunks, packs each (DAQ + LZ4 with the per-row bits, or raw float32), waits the
+link's sender delay once, sends them, and answers one JSON line on stdout (bytes sent, pack and
+send ms).
 
 Wire format per chunk: header ``<4sQIIQIIBQ>`` (magic ``GFU1``, round, chunk index, chunk count,
 first row, rows, feature width, codec 0 raw / 1 DAQ, payload bytes), then the payload.
@@ -81,26 +83,34 @@ def read_chunk(conn: socket.socket) -> tuple[int, int, int, int, np.ndarray] | N
 
 
 class Receiver:
-    """Accepts device-group connections on ``(host, port)`` and applies every chunk through
+    """Accepts device-group connections on ``host`` (one address, or several: one listening
+    socket each, the same port where it is free on all) and applies every chunk through
     ``apply(start_row, values)`` on its own threads; :meth:`wait` blocks until a round's chunks
     from ``groups`` connections have all arrived."""
 
     def __init__(
-        self, host: str, apply: Callable[[int, np.ndarray], None], groups: int = 1, port: int = 0
+        self,
+        host: str | list[str],
+        apply: Callable[[int, np.ndarray], None],
+        groups: int = 1,
+        port: int = 0,
     ) -> None:
         self.apply, self.groups = apply, groups
-        self._server = socket.create_server((host, port))
-        self.port = int(self._server.getsockname()[1])
+        hosts = [host] if isinstance(host, str) else list(host)
+        self._servers = [socket.create_server((hosts[0], port))]
+        self.port = int(self._servers[0].getsockname()[1])
+        self._servers += [socket.create_server((h, self.port)) for h in hosts[1:]]
         self._done: dict[int, int] = {}  # round -> completed group uploads
         self._cond = threading.Condition()
         self.errors: list[str] = []
         self.bytes_received = 0
-        threading.Thread(target=self._accept, daemon=True, name="fog-receiver").start()
+        for server in self._servers:
+            threading.Thread(target=self._accept, args=(server,), daemon=True).start()
 
-    def _accept(self) -> None:
+    def _accept(self, server: socket.socket) -> None:
         while True:
             try:
-                conn, _ = self._server.accept()
+                conn, _ = server.accept()
             except OSError:
                 return  # closed
             threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
@@ -143,7 +153,8 @@ class Receiver:
 
     def close(self) -> None:
         """Stop accepting."""
-        self._server.close()
+        for server in self._servers:
+            server.close()
 
 
 def device_main(argv: list[str] | None = None) -> int:
@@ -153,6 +164,7 @@ def device_main(argv: list[str] | None = None) -> int:
     p.add_argument("--bits", default=None, help=".npy of per-row DAQ bits (absent: raw)")
     p.add_argument("--chunks", type=int, default=4)
     p.add_argument("--delay-ms", type=float, default=0.0, help="one-way delay to add per round")
+    p.add_argument("--offset", type=int, default=0, help="fog row of this group's first row")
     args = p.parse_args(argv)
     host, port = args.connect.rsplit(":", 1)
     bits = None if args.bits is None else np.load(args.bits)
@@ -160,12 +172,16 @@ def device_main(argv: list[str] | None = None) -> int:
     conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     for line in sys.stdin:
         round_text, path = line.split(maxsplit=1)
+        if round_text == "bits":  # a new placement: the rows (and their widths) changed
+            bits = np.load(path.strip())
+            print(json.dumps({"bits": int(bits.size)}), flush=True)
+            continue
         values = np.load(path.strip())
         bounds = np.linspace(0, values.shape[0], max(1, args.chunks) + 1).astype(int)
         t0 = time.perf_counter()
         chunks = [
             encode_chunk(
-                int(round_text), i, len(bounds) - 1, int(lo), values[lo:hi],
+                int(round_text), i, len(bounds) - 1, args.offset + int(lo), values[lo:hi],
                 None if bits is None else bits[lo:hi],
             )
             for i, (lo, hi) in enumerate(zip(bounds[:-1], bounds[1:], strict=True))

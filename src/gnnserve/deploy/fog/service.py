@@ -1,0 +1,341 @@
+"""Fograph end to end: a fog cluster on the testbed, profiled, planned, fed by device groups,
+adapted between rounds. Three modes share it, as in Fograph's evaluation:
+
+- ``fograph``: IEP placement on the profiled nodes, DAQ + LZ4 uploads, the adaptive scheduler;
+- ``strawman``: METIS + a random mapping, raw float32 uploads, no scheduler;
+- ``cloud``: one unthrottled node; every device group uploads raw over one shared path to the
+  cloud (:func:`~.testbed.cloud_path`).
+
+A round (:meth:`FogService.round`) hands each device group its sensors' readings, waits for
+every fog to collect and compute (BSP), and reports the latency from the hand-over to the last
+output, per-node times and the bytes uploaded.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from gnnserve.deploy.fog.cluster import ClusterRound, FogCluster
+from gnnserve.deploy.fog.devices import DeviceGroup
+from gnnserve.deploy.fog.partition import build_fog_partitions
+from gnnserve.deploy.fog.planner import FogSpec, metis_parts, plan
+from gnnserve.deploy.fog.profiler import calibration_sets, cardinality, fit_latency, halo_sizes
+from gnnserve.deploy.fog.scheduler import Decision, schedule, symmetric_adjacency
+from gnnserve.deploy.fog.testbed import PRESETS, CpuQuota, Link, cloud_path, probe
+from gnnserve.errors import InvalidInputError
+from gnnserve.features.codecs import DaqConfig, bits_per_vertex, pack
+from gnnserve.graph.base import GraphStore
+from gnnserve.models.zoo import GNN
+
+log = logging.getLogger(__name__)
+MODES = ("fograph", "strawman", "cloud")
+FLOAT32_DAQ_BITS = (32, 32, 16, 8)  # Fograph's <64,32,16,8> with full precision = float32
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    """One fog node of the deployment."""
+
+    name: str
+    cores: float | None  # CPU quota in cores (None: unthrottled)
+    link: str  # preset of its devices' uplink: 4g | 5g | wifi
+
+
+@dataclass
+class RoundReport:
+    """One round of the service."""
+
+    logits: np.ndarray  # float32 [N, C]
+    latency_ms: float  # hand-over of the readings to the last fog's output
+    node_ms: list[float]  # per fog: compute time (the scheduler's T_j)
+    collect_ms: list[float]  # per fog: waiting for its uploads
+    bytes_uploaded: int  # on the wire, all device groups
+    raw_bytes: int  # float32 readings uploaded
+    plan_version: int
+    decision: Decision | None = None  # the scheduler's after this round (fograph mode)
+    extra: dict[str, float] = field(default_factory=dict)
+
+
+class FogService:
+    """A running deployment (see the module doc). ``testbed``: use cgroup quotas and network
+    namespaces where :func:`~.testbed.probe` allows (else loopback, unthrottled, with a
+    warning). Close with :meth:`close` or use as a context manager."""
+
+    def __init__(
+        self,
+        model: GNN,
+        graph: GraphStore,
+        features: np.ndarray,
+        nodes: list[NodeSpec],
+        mode: str = "fograph",
+        *,
+        daq_bits: tuple[int, int, int, int] = FLOAT32_DAQ_BITS,
+        slack: float = 1.2,
+        skew_threshold: float = 0.5,
+        min_excess_ms: float = 5.0,
+        chunks: int = 4,
+        testbed: bool = True,
+        seed: int = 0,
+    ) -> None:
+        if mode not in MODES:
+            raise InvalidInputError(f"mode must be one of {MODES}, got {mode!r}", "mode")
+        if not nodes or any(n.link not in PRESETS for n in nodes):
+            raise InvalidInputError(f"nodes need a link from {sorted(PRESETS)}", "nodes")
+        self.mode, self.nodes, self.model, self.graph = mode, nodes, model, graph
+        self.slack, self.skew_threshold, self.min_excess_ms = slack, skew_threshold, min_excess_ms
+        self.chunks, self.seed = chunks, seed
+        self.indptr, self.indices = graph.csr()
+        self.features = np.array(features, np.float32)
+        self.world = 1 if mode == "cloud" else len(nodes)
+        support = probe()
+        self.shaped = testbed and support.netns is None
+        self.quotas_on = testbed and support.cpu_quota is None and mode != "cloud"
+        if testbed and not (self.shaped and (self.quotas_on or mode == "cloud")):
+            log.warning("testbed incomplete: %s", support)
+        self.links = self._links(support.netem)
+        degrees = np.diff(self.indptr)
+        self.bits = (
+            bits_per_vertex(degrees, DaqConfig.for_degrees(degrees, daq_bits))
+            if mode == "fograph"
+            else None
+        )
+        self.version, self._round = 0, 0
+        self.groups: list[DeviceGroup] = []
+        membership = metis_parts(self.indptr, self.indices, self.world, seed)
+        self.cluster = FogCluster(model, graph, self.features, membership, self.world)
+        try:
+            self.quotas = self._quotas()
+            self.specs = self._profile() if mode != "cloud" else []
+            self.membership = self._initial_plan(membership)
+            self.hosts = [self._hosts(j) for j in range(self.world)]
+            self.ports = self.cluster.listen(self.hosts, groups=self._groups_per_fog())
+            self._start_groups()
+            self.adjacency = symmetric_adjacency(self.indptr, self.indices)
+            self.warm_up_ms = self._collect_and_run().latency_ms  # processes, connections
+        except BaseException:
+            self.close()
+            raise
+
+    # ------------------------------------------------------------------ set-up
+
+    def _links(self, netem: bool) -> list[Link | None]:
+        presets = [PRESETS[n.link] for n in self.nodes]
+        if self.mode == "cloud":  # every device group over one path to the cloud
+            presets = [cloud_path(self.nodes[0].link)]
+        if not self.shaped:
+            return [None] * len(presets)
+        return [Link(200 + i, p, netem) for i, p in enumerate(presets)]
+
+    def _quotas(self) -> list[CpuQuota | None]:
+        if not self.quotas_on:
+            return [None] * self.world
+        quotas: list[CpuQuota | None] = []
+        for pid, node in zip(self.cluster.pids(), self.nodes, strict=True):
+            if node.cores is None:
+                quotas.append(None)
+                continue
+            quota = CpuQuota(f"fog_{node.name}", node.cores)
+            quota.add(pid)
+            quotas.append(quota)
+        return quotas
+
+    def _profile(
+        self, sizes: tuple[float, ...] = (0.05, 0.1, 0.2, 0.3), per_size: int = 4
+    ) -> list[FogSpec]:
+        """Offline profile: every node times the same calibration subgraphs (Eq. 3 fit);
+        bandwidth from the link preset (the shaped rate)."""
+        n = self.graph.num_nodes
+        rng = np.random.default_rng(self.seed)
+        sets = calibration_sets(n, [max(1, int(s * n)) for s in sizes], rng, per_size)
+        cards = np.array([cardinality(self.indptr, self.indices, s) for s in sets])
+        ms = np.zeros((len(sets), self.world))
+        for i, vertices in enumerate(sets):
+            member = np.ones(n, np.int64)
+            member[vertices] = 0
+            part = build_fog_partitions(self.indptr, self.indices, member, 2, self._degree())[0]
+            rows = np.concatenate([part.owned, part.halo])
+            ms[i] = self.cluster.time_subgraph(part, self.features[rows], repeats=2)
+        specs = []
+        for j, node in enumerate(self.nodes):
+            model = fit_latency(cards, ms[:, j])
+            rate = PRESETS[node.link].rate_mbit * 1e6 / 8
+            specs.append(FogSpec(node.name, rate, model))
+            log.info(
+                "fog %s: omega = %.2e |V| + %.2e |N| + %.2f ms",
+                node.name,
+                model.beta_v,
+                model.beta_n,
+                model.eps,
+            )
+        return specs
+
+    def _degree(self) -> np.ndarray:
+        return np.asarray(self.graph.gcn_degree(np.arange(self.graph.num_nodes)), np.float32)
+
+    def _phi(self) -> float:
+        """Bytes per vertex upload (Eq. 5's phi) as this mode sends it: DAQ + LZ4 measured on
+        up to 2,000 rows (fograph), raw float32 otherwise."""
+        if self.bits is None:
+            return self.features.shape[1] * 4.0
+        rows = np.random.default_rng(self.seed).permutation(self.features.shape[0])[:2000]
+        return len(pack(self.features[np.sort(rows)], self.bits[np.sort(rows)])) / rows.size
+
+    def _initial_plan(self, membership: np.ndarray) -> np.ndarray:
+        if self.mode == "cloud":
+            return membership
+        assign = "iep" if self.mode == "fograph" else "random"
+        layers = self.model.config.num_layers
+        placed = plan(
+            self.indptr,
+            self.indices,
+            self.specs,
+            self._phi(),
+            layers,
+            0.0,
+            assign,
+            self.seed,
+            parts=membership,
+        )
+        self.version = self.cluster.apply(placed.membership)
+        log.info(
+            "fog plan (%s): predicted %s ms", assign, np.round(placed.predicted_ms, 1).tolist()
+        )
+        return placed.membership
+
+    def _hosts(self, fog: int) -> str | list[str]:
+        if self.mode == "cloud":
+            return [k.host_ip if k is not None else "127.0.0.1" for k in self.links]
+        link = self.links[fog]
+        return link.host_ip if link is not None else "127.0.0.1"
+
+    def _groups_per_fog(self) -> int:
+        return len(self.nodes) if self.mode == "cloud" else 1
+
+    def _regions(self) -> list[tuple[int, np.ndarray, int]]:
+        """(fog, vertices, first row at that fog) per device group."""
+        if self.mode != "cloud":
+            return [(j, np.flatnonzero(self.membership == j), 0) for j in range(self.world)]
+        bounds = np.linspace(0, self.graph.num_nodes, len(self.nodes) + 1).astype(int)
+        return [
+            (0, np.arange(lo, hi), int(lo)) for lo, hi in zip(bounds[:-1], bounds[1:], strict=True)
+        ]
+
+    def _start_groups(self) -> None:
+        self.regions = self._regions()
+        if self.groups:  # a re-placement: same processes and connections, new rows and widths
+            if self.bits is not None:
+                for group, (_, vertices, _) in zip(self.groups, self.regions, strict=True):
+                    group.set_bits(self.bits[vertices])
+            return
+        for fog, vertices, offset in self.regions:
+            link = self.links[0 if self.mode == "cloud" else fog]
+            host = link.host_ip if link is not None else "127.0.0.1"
+            bits = None if self.bits is None else self.bits[vertices]
+            self.groups.append(DeviceGroup(host, self.ports[fog], bits, link, self.chunks, offset))
+
+    # ------------------------------------------------------------------ serving
+
+    def round(self, readings: np.ndarray | None = None) -> RoundReport:
+        """One round on ``readings`` (float32 [N, F]; None: the last ones again); in fograph
+        mode the scheduler then decides on this round's times (``report.decision``)."""
+        if readings is not None:
+            self.features[:] = readings
+        report = self._collect_and_run()
+        if self.mode == "fograph":
+            report.decision = self._adapt(report)
+        return report
+
+    def _collect_and_run(self) -> RoundReport:
+        self._round += 1
+        start = time.perf_counter()
+        for group, (_, vertices, _) in zip(self.groups, self.regions, strict=True):
+            group.start_round(self._round, self.features[vertices])
+        result: ClusterRound = self.cluster.run(self._round)
+        latency = (time.perf_counter() - start) * 1e3
+        sent = sum(int(g.finish_round()["bytes"]) for g in self.groups)
+        return RoundReport(
+            result.logits,
+            latency,
+            [n.compute_ms for n in result.nodes],
+            [n.collect_ms for n in result.nodes],
+            sent,
+            self.features.nbytes,
+            result.plan_version,
+        )
+
+    def _adapt(self, report: RoundReport) -> Decision:
+        """Algorithm 2 on this round's compute times; a changed placement is installed before
+        the next round (new partitions, new device groups)."""
+        times = np.asarray(report.node_ms)
+        decision = schedule(
+            self.adjacency,
+            self.membership,
+            times,
+            self._replan,
+            self.slack,
+            self.skew_threshold,
+            self.min_excess_ms,
+        )
+        if decision.mode != "keep" and decision.moved.size:
+            self.membership = decision.membership
+            self.version = self.cluster.apply(self.membership)
+            self._start_groups()
+            log.info(
+                "scheduler: %s moved %d vertices (plan %d)",
+                decision.mode,
+                decision.moved.size,
+                self.version,
+            )
+        return decision
+
+    def _replan(self, times: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """IEP with every node's model rescaled by this round's load factor."""
+        member = self.membership
+        sizes = np.bincount(member, minlength=self.world)
+        halos = halo_sizes(self.indptr, self.indices, member, self.world)
+        self.specs = [
+            FogSpec(
+                s.name, s.bandwidth, s.model.observed(int(sizes[j]), int(halos[j]), float(times[j]))
+            )
+            for j, s in enumerate(self.specs)
+        ]
+        parts = metis_parts(self.indptr, self.indices, self.world, self.seed)
+        placed = plan(
+            self.indptr,
+            self.indices,
+            self.specs,
+            self._phi(),
+            self.model.config.num_layers,
+            parts=parts,
+        )
+        return placed.membership, placed.predicted_ms
+
+    def set_cores(self, node: int, cores: float) -> None:
+        """Change node ``node``'s CPU quota (a background-load change) at once."""
+        quota = self.quotas[node]
+        if quota is None:
+            raise InvalidInputError(f"node {node} has no CPU quota on this testbed", "node")
+        quota.set_cores(cores)
+
+    def close(self) -> None:
+        """Stop device groups, the cluster, quotas and links."""
+        for group in getattr(self, "groups", []):
+            group.close()
+        if hasattr(self, "cluster"):
+            self.cluster.close()
+        for quota in getattr(self, "quotas", []):
+            if quota is not None:
+                quota.close()
+        for link in getattr(self, "links", []):
+            if link is not None:
+                link.close()
+
+    def __enter__(self) -> FogService:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
