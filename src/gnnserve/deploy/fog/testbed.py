@@ -34,7 +34,14 @@ from gnnserve.errors import GnnServeError, InvalidInputError
 
 CPU_ROOT = Path("/sys/fs/cgroup/cpu")  # cgroup v1 cpu controller mount
 GROUP = "gnnserve-fog"  # parent cgroup of every fog node's
-PERIOD_US = 100_000
+MIN_QUOTA_US = 1_000  # the kernel's smallest quota per period
+
+
+def period_us(cores: float) -> int:
+    """CFS period for a ``cores`` quota: the shortest whose quota is at least 1 ms."""
+    return max(MIN_QUOTA_US, int(-(-MIN_QUOTA_US // cores)))
+
+
 SUBNET = "10.213"  # 10.213.<link>.1 host side, .2 namespace side (our own namespaces only)
 
 
@@ -128,15 +135,20 @@ class CpuQuota:
             raise InvalidInputError(f"cgroup name must be an identifier, got {name!r}", "name")
         self.path = CPU_ROOT / GROUP / name
         self.path.mkdir(parents=True, exist_ok=True)
-        (self.path / "cpu.cfs_period_us").write_text(str(PERIOD_US))
         self.set_cores(cores)
 
     def set_cores(self, cores: float) -> None:
-        """Limit the group to ``cores`` CPUs (a fraction slows it; takes effect at once)."""
+        """Limit the group to ``cores`` CPUs (a fraction slows it; takes effect at once).
+
+        The period is short (the kernel's 1 ms minimum quota per period): with Docker's 100 ms
+        a 0.3-core node would run a 20 ms round at full speed from its 30 ms slice, so rounds
+        of a few ms would show no heterogeneity at all."""
         if not 0.01 <= cores <= 1024:
             raise InvalidInputError(f"cores must lie in [0.01, 1024], got {cores}", "cores")
         self.cores = float(cores)
-        (self.path / "cpu.cfs_quota_us").write_text(str(int(cores * PERIOD_US)))
+        period = period_us(cores)
+        (self.path / "cpu.cfs_period_us").write_text(str(period))
+        (self.path / "cpu.cfs_quota_us").write_text(str(int(round(cores * period))))
 
     def add(self, pid: int) -> None:
         """Move process ``pid`` (all its threads) into the group."""

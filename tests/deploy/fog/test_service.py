@@ -1,0 +1,120 @@
+"""FogService end to end on the testbed (quotas and shaped links where the machine allows):
+every mode's round answers what plain full-graph inference answers on the features the fogs
+received (raw: the readings; fograph: their DAQ + LZ4 decoding), also after the scheduler
+moved vertices off a node whose CPU quota was cut."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+import ray
+import torch
+
+from gnnserve.data.generators import sbm
+from gnnserve.data.writer import write_store
+from gnnserve.deploy.fog.service import FogService, NodeSpec
+from gnnserve.deploy.fog.upload import HEADER, encode_chunk
+from gnnserve.features.codecs import unpack
+from gnnserve.graph import open_graph_store
+from gnnserve.graph.base import GraphStore
+from gnnserve.models.zoo import GNN, ModelConfig
+from tests.embeddings.reference import layer_outputs
+
+N, F = 1500, 16
+NODES = [NodeSpec("weak", 0.3, "wifi"), NodeSpec("mid", 0.6, "wifi"), NodeSpec("strong", 1.0, "5g")]
+
+
+@pytest.fixture(scope="module")
+def graph(tmp_path_factory: pytest.TempPathFactory) -> GraphStore:
+    data = sbm(num_nodes=N, num_classes=3, feature_dim=F, avg_degree=10.0, seed=2)
+    out = tmp_path_factory.mktemp("fogsvc") / "store"
+    write_store(data, out)
+    return open_graph_store(out)
+
+
+@pytest.fixture(scope="module")
+def ray_cluster() -> Iterator[None]:
+    ray.init(num_cpus=4, include_dashboard=False, configure_logging=False)
+    yield
+    ray.shutdown()
+
+
+def _model(hidden: int = 64) -> GNN:
+    torch.manual_seed(0)
+    return GNN(ModelConfig("sage", in_dim=F, hidden_dim=hidden, out_dim=3, num_layers=2))
+
+
+def _readings(seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((N, F)).astype(np.float32)
+    x[rng.random((N, F)) < 0.6] = 0.0
+    return x
+
+
+def _reference(model: GNN, graph: GraphStore, x: np.ndarray) -> np.ndarray:
+    indptr, indices = graph.csr()
+    dst = np.repeat(np.arange(N), np.diff(indptr))
+    edges = torch.from_numpy(np.stack([np.asarray(indices, np.int64), dst]))
+    with torch.inference_mode():
+        return layer_outputs(model, torch.from_numpy(x), edges)[-1].numpy()
+
+
+def _received(svc: FogService, x: np.ndarray, membership: np.ndarray) -> np.ndarray:
+    """The features the fogs hold after a fograph round on ``membership``: each fog's device
+    group's chunks decoded."""
+    out = x.copy()
+    assert svc.bits is not None
+    for fog in range(len(NODES)):
+        vertices = np.flatnonzero(membership == fog)
+        bounds = np.linspace(0, vertices.size, svc.chunks + 1).astype(int)
+        for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
+            rows = vertices[lo:hi]
+            blob = encode_chunk(0, 0, 1, 0, x[rows], svc.bits[rows])
+            out[rows] = unpack(blob[HEADER.size :])
+    return out
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["cloud", "strawman"])
+def test_raw_modes_answer_full_precision_inference(graph, ray_cluster, mode) -> None:  # type: ignore[no-untyped-def]
+    model, x = _model(), _readings(1)
+    with FogService(model, graph, x, NODES, mode) as svc:
+        report = svc.round(_readings(2))
+        assert report.raw_bytes == N * F * 4
+        assert report.bytes_uploaded == report.raw_bytes + HEADER.size * svc.chunks * len(NODES)
+        np.testing.assert_allclose(report.logits, _reference(model, graph, _readings(2)), atol=1e-5)
+        assert report.decision is None and len(report.node_ms) == (1 if mode == "cloud" else 3)
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_fograph_answers_on_the_decoded_uploads_before_and_after_a_migration(
+    graph, ray_cluster
+) -> None:  # type: ignore[no-untyped-def]
+    model = _model(hidden=1024)  # rounds of several ms: a quota cut shows above timer noise
+    options = {"slack": 1.2, "min_excess_ms": 3.0}
+    with FogService(model, graph, _readings(1), NODES, "fograph", **options) as svc:  # type: ignore[arg-type]
+        x = _readings(3)
+        report = svc.round(x)
+        want = _reference(model, graph, _received(svc, x, svc.membership))
+        np.testing.assert_allclose(report.logits, want, atol=1e-5)
+        assert report.bytes_uploaded < report.raw_bytes
+        if svc.quotas[2] is None:
+            pytest.skip("no CPU quotas on this machine: cannot script a load change")
+        svc.set_cores(2, 0.05)  # background load on the strong node
+        first: np.ndarray | None = None
+        for seed in range(4, 8):
+            x = _readings(seed)
+            before = svc.membership.copy()
+            report = svc.round(x)
+            # the round ran on the placement it started with; the fogs received that layout
+            want = _reference(model, graph, _received(svc, x, before))
+            np.testing.assert_allclose(report.logits, want, atol=1e-5)
+            assert report.decision is not None
+            if report.decision.mode != "keep" and first is None:
+                first = before[report.decision.moved]
+        assert first is not None, "the scheduler never reacted to a node slowed 20x"
+        assert (first == 2).mean() > 0.5  # its first move takes vertices off the slowed node
