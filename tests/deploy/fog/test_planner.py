@@ -122,3 +122,12 @@ def test_plan_puts_the_most_work_on_the_strongest_fog() -> None:
     assert greedy.bottleneck_ms >= p.bottleneck_ms
     with pytest.raises(InvalidInputError, match="assign"):
         plan(indptr, indices, fogs, 512, 2, assign="best", parts=parts)
+
+
+def test_weighted_metis_parts_follow_the_weights() -> None:
+    indptr, indices = _graph(2000, 16000)
+    parts = metis_parts(indptr, indices, 3, weights=np.array([1.0, 2.0, 4.0]))
+    shares = np.bincount(parts, minlength=3) / 2000
+    np.testing.assert_allclose(shares, [1 / 7, 2 / 7, 4 / 7], atol=0.03)
+    with pytest.raises(InvalidInputError, match="weights"):
+        metis_parts(indptr, indices, 3, weights=np.array([1.0, 0.0, 1.0]))

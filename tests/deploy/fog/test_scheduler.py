@@ -50,7 +50,7 @@ def test_one_slow_fog_is_diffused_back_within_the_slack() -> None:
     per_vertex = np.array([0.05, 0.05, 0.05, 0.05])
     per_vertex[1] *= 3  # background load on fog 1
     times = _true_times(membership, per_vertex)
-    decision = schedule(adjacency, membership, times, _never, slack=1.2)
+    decision = schedule(adjacency, membership, times, _never, slack=1.2, damping=1.0)
     assert decision.mode == "diffusion"
     assert decision.mu[1] == pytest.approx(3 / 1.5)
     assert decision.moved.size > 0
@@ -80,6 +80,19 @@ def _greedy_reference(adjacency, membership, slow, fast, count):  # type: ignore
         member[best] = fast
         out.append(best)
     return out
+
+
+def test_damping_moves_part_of_the_way() -> None:
+    adjacency, membership = _setup()
+    per_vertex = np.array([0.05, 0.15, 0.05, 0.05])
+    times = _true_times(membership, per_vertex)
+    full = schedule(adjacency, membership, times, _never, slack=1.01, damping=1.0)
+    half = schedule(adjacency, membership, times, _never, slack=1.01, damping=0.5)
+    first_pair = int((times[1] - times[0]) / (0.15 + 0.05))  # 200 vertices even fogs 1 and 0
+    assert half.moved.size < full.moved.size
+    assert (membership[half.moved] == 1).sum() >= first_pair // 2
+    with pytest.raises(InvalidInputError, match="damping"):
+        schedule(adjacency, membership, times, _never, damping=0.0)
 
 
 def test_diffusion_moves_the_vertices_a_plain_greedy_picks() -> None:

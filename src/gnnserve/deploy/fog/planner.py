@@ -1,6 +1,8 @@
 """Fograph's inference execution planner (IEP, §III-C, Algorithm 1).
 
-Step 1: METIS (pymetis) cuts the graph into n min-cut parts, one per fog node. Step 2: each
+Step 1: METIS (pymetis) cuts the graph into n min-cut parts, one per fog node (equal, as in
+Fograph, or, beyond it, sized by target weights such as the nodes' profiled speeds, so that the
+mapping has parts that fit unequal nodes). Step 2: each
 (part k, fog j) pair costs, by Eq. 8, ``|P_k| phi / b_j + omega_j(P_k) + K delta`` (upload of the
 part's features over the fog's link, its execution on the fog, K layer synchronisations), and
 parts are mapped to fogs by a linear bottleneck assignment: the smallest threshold tau such that
@@ -49,8 +51,16 @@ class ExecutionPlan:
         return float(self.predicted_ms.max())
 
 
-def metis_parts(indptr: np.ndarray, indices: np.ndarray, n: int, seed: int = 0) -> np.ndarray:
-    """int64 [N] part of every vertex, n min-cut parts of the undirected simple graph."""
+def metis_parts(
+    indptr: np.ndarray,
+    indices: np.ndarray,
+    n: int,
+    seed: int = 0,
+    weights: np.ndarray | None = None,
+) -> np.ndarray:
+    """int64 [N] part of every vertex, n min-cut parts of the undirected simple graph; with
+    ``weights`` (n positive numbers) part k targets that share of the vertices (METIS tpwgts),
+    else all parts are equal."""
     import pymetis
 
     num_nodes = indptr.size - 1
@@ -68,7 +78,13 @@ def metis_parts(indptr: np.ndarray, indices: np.ndarray, n: int, seed: int = 0) 
     xadj = np.concatenate([[0], np.cumsum(np.bincount(a, minlength=num_nodes))])
     options = pymetis.Options(seed=seed)
     adjacency = pymetis.CSRAdjacency(xadj, b)
-    _, membership = pymetis.part_graph(n, adjacency, options=options)
+    tpwgts = None
+    if weights is not None:
+        w = np.asarray(weights, float)
+        if w.shape != (n,) or not np.all(np.isfinite(w)) or (w <= 0).any():
+            raise InvalidInputError(f"part weights must be {n} positive numbers", "weights")
+        tpwgts = (w / w.sum()).tolist()
+    _, membership = pymetis.part_graph(n, adjacency, tpwgts=tpwgts, options=options)
     return np.asarray(membership, np.int64)
 
 

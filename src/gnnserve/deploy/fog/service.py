@@ -1,7 +1,9 @@
 """Fograph end to end: a fog cluster on the testbed, profiled, planned, fed by device groups,
 adapted between rounds. Three modes share it, as in Fograph's evaluation:
 
-- ``fograph``: IEP placement on the profiled nodes, DAQ + LZ4 uploads, the adaptive scheduler;
+- ``fograph``: IEP placement on the profiled nodes (METIS parts sized by the nodes' measured
+  speeds unless ``weighted_parts=False``), DAQ + LZ4 uploads, the adaptive scheduler
+  (``assign`` and ``adaptive`` override the mapping and the scheduler for ablations);
 - ``strawman``: METIS + a random mapping, raw float32 uploads, no scheduler;
 - ``cloud``: one unthrottled node; every device group uploads raw over one shared path to the
   cloud (:func:`~.testbed.cloud_path`).
@@ -80,6 +82,10 @@ class FogService:
         chunks: int = 4,
         testbed: bool = True,
         seed: int = 0,
+        assign: str | None = None,
+        adaptive: bool | None = None,
+        tag: int = 0,
+        weighted_parts: bool = True,
     ) -> None:
         if mode not in MODES:
             raise InvalidInputError(f"mode must be one of {MODES}, got {mode!r}", "mode")
@@ -88,6 +94,13 @@ class FogService:
         self.mode, self.nodes, self.model, self.graph = mode, nodes, model, graph
         self.slack, self.skew_threshold, self.min_excess_ms = slack, skew_threshold, min_excess_ms
         self.chunks, self.seed = chunks, seed
+        # the mapping (iep | greedy | random) and the scheduler default to the mode's
+        self.assign = assign or ("iep" if mode == "fograph" else "random")
+        self.adaptive = (mode == "fograph") if adaptive is None else adaptive
+        if not 0 <= tag < 25:
+            raise InvalidInputError(f"tag must lie in [0, 25), got {tag}", "tag")
+        self.tag = tag  # keeps the links and cgroups of services side by side apart
+        self.weighted_parts = weighted_parts
         self.indptr, self.indices = graph.csr()
         self.features = np.array(features, np.float32)
         self.world = 1 if mode == "cloud" else len(nodes)
@@ -115,6 +128,7 @@ class FogService:
             self.ports = self.cluster.listen(self.hosts, groups=self._groups_per_fog())
             self._start_groups()
             self.adjacency = symmetric_adjacency(self.indptr, self.indices)
+            self.work = np.diff(self.indptr).astype(float) + 1.0  # aggregation: an edge each
             self.warm_up_ms = self._collect_and_run().latency_ms  # processes, connections
         except BaseException:
             self.close()
@@ -128,7 +142,7 @@ class FogService:
             presets = [cloud_path(self.nodes[0].link)]
         if not self.shaped:
             return [None] * len(presets)
-        return [Link(200 + i, p, netem) for i, p in enumerate(presets)]
+        return [Link(10 * self.tag + i, p, netem) for i, p in enumerate(presets)]
 
     def _quotas(self) -> list[CpuQuota | None]:
         if not self.quotas_on:
@@ -138,7 +152,7 @@ class FogService:
             if node.cores is None:
                 quotas.append(None)
                 continue
-            quota = CpuQuota(f"fog_{node.name}", node.cores)
+            quota = CpuQuota(f"fog{self.tag}_{node.name}", node.cores)
             quota.add(pid)
             quotas.append(quota)
         return quotas
@@ -159,6 +173,8 @@ class FogService:
             part = build_fog_partitions(self.indptr, self.indices, member, 2, self._degree())[0]
             rows = np.concatenate([part.owned, part.halo])
             ms[i] = self.cluster.time_subgraph(part, self.features[rows], repeats=2)
+        largest = [i for i, s in enumerate(sets) if s.size == sets[-1].size]
+        self.speeds = 1.0 / np.maximum(ms[largest].mean(axis=0), 1e-6)  # per node, relative
         specs = []
         for j, node in enumerate(self.nodes):
             model = fit_latency(cards, ms[:, j])
@@ -184,11 +200,19 @@ class FogService:
         rows = np.random.default_rng(self.seed).permutation(self.features.shape[0])[:2000]
         return len(pack(self.features[np.sort(rows)], self.bits[np.sort(rows)])) / rows.size
 
+    def _parts(self) -> np.ndarray:
+        """METIS parts for the mapping: sized by the nodes' profiled speeds in fograph mode
+        (``weighted_parts``), equal otherwise (Fograph's IEP; the straw-man)."""
+        weights = None
+        if self.mode == "fograph" and self.weighted_parts:
+            weights = np.sort(self.speeds)  # part k's share; the mapping picks its node
+        return metis_parts(self.indptr, self.indices, self.world, self.seed, weights)
+
     def _initial_plan(self, membership: np.ndarray) -> np.ndarray:
         if self.mode == "cloud":
             return membership
-        assign = "iep" if self.mode == "fograph" else "random"
-        layers = self.model.config.num_layers
+        membership = self._parts()
+        assign, layers = self.assign, self.model.config.num_layers
         placed = plan(
             self.indptr,
             self.indices,
@@ -245,7 +269,7 @@ class FogService:
         if readings is not None:
             self.features[:] = readings
         report = self._collect_and_run()
-        if self.mode == "fograph":
+        if self.adaptive:
             report.decision = self._adapt(report)
         return report
 
@@ -279,6 +303,7 @@ class FogService:
             self.slack,
             self.skew_threshold,
             self.min_excess_ms,
+            work=self.work,
         )
         if decision.mode != "keep" and decision.moved.size:
             self.membership = decision.membership
@@ -303,13 +328,20 @@ class FogService:
             )
             for j, s in enumerate(self.specs)
         ]
-        parts = metis_parts(self.indptr, self.indices, self.world, self.seed)
+        self.speeds = np.array(
+            [
+                1.0 / max(float(s.model.predict(sizes.mean(), halos.mean())), 1e-6)
+                for s in self.specs
+            ]
+        )
+        parts = self._parts()
         placed = plan(
             self.indptr,
             self.indices,
             self.specs,
             self._phi(),
             self.model.config.num_layers,
+            assign=self.assign,
             parts=parts,
         )
         return placed.membership, placed.predicted_ms
