@@ -12,7 +12,16 @@ import numpy as np
 import pytest
 
 from gnnserve.deploy.fog.devices import DeviceGroup
-from gnnserve.deploy.fog.testbed import PRESETS, CpuQuota, Link, LinkPreset, cloud_path, probe
+from gnnserve.deploy.fog.testbed import (
+    CPU_ROOT,
+    GROUP,
+    PRESETS,
+    CpuQuota,
+    Link,
+    LinkPreset,
+    cloud_path,
+    probe,
+)
 from gnnserve.deploy.fog.upload import Receiver
 from gnnserve.errors import InvalidInputError
 
@@ -42,6 +51,7 @@ def test_a_cpu_quota_slows_a_process_by_its_share() -> None:
     assert 0.35 < half / free < 0.65
     with pytest.raises(InvalidInputError, match="cores"):
         CpuQuota("test_quota2", 0.0)
+    assert not (CPU_ROOT / GROUP / "test_quota2").exists()  # a refused quota leaves nothing
 
 
 def test_presets_compose_as_a_path() -> None:

@@ -127,12 +127,18 @@ def probe() -> Support:
     return Support(cpu, netns, netem)
 
 
+def _check_cores(cores: float) -> None:
+    if not 0.01 <= cores <= 1024:
+        raise InvalidInputError(f"cores must lie in [0.01, 1024], got {cores}", "cores")
+
+
 class CpuQuota:
     """A cgroup v1 CPU quota of ``cores`` CPUs for the processes added to it."""
 
     def __init__(self, name: str, cores: float) -> None:
         if not name.isidentifier():
             raise InvalidInputError(f"cgroup name must be an identifier, got {name!r}", "name")
+        _check_cores(cores)  # before the group exists: a refused quota leaves nothing behind
         self.path = CPU_ROOT / GROUP / name
         self.path.mkdir(parents=True, exist_ok=True)
         self.set_cores(cores)
@@ -143,8 +149,7 @@ class CpuQuota:
         The period is short (the kernel's 1 ms minimum quota per period): with Docker's 100 ms
         a 0.3-core node would run a 20 ms round at full speed from its 30 ms slice, so rounds
         of a few ms would show no heterogeneity at all."""
-        if not 0.01 <= cores <= 1024:
-            raise InvalidInputError(f"cores must lie in [0.01, 1024], got {cores}", "cores")
+        _check_cores(cores)
         self.cores = float(cores)
         period = period_us(cores)
         (self.path / "cpu.cfs_period_us").write_text(str(period))
