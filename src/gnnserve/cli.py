@@ -72,6 +72,8 @@ SERVE_FLAGS: tuple[tuple[str, str], ...] = (
     ("--fetch", "deploy.fetch"),
     ("--no-cache", "deploy.cache"),
     ("--max-instances", "deploy.max_instances"),
+    ("--nodes", "deploy.nodes"),
+    ("--fog-mode", "deploy.fog_mode"),
 )
 
 

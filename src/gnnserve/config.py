@@ -208,6 +208,7 @@ class DeployConfig(_Strict):
     of ``sampler.fanouts`` current; other fanouts sample locally. ``cgp``: new-node SRPE requests
     run on ``workers`` Ray actors with computation graph parallelism (OMEGA); the rest locally.
     ``faas``: serverless function instances (FaaS-GNN) read the store at ``remote`` on demand.
+    ``fog``: full-graph rounds on the fog nodes listed in ``nodes`` (Fograph).
     """
 
     mode: str = Field(
@@ -233,6 +234,8 @@ class DeployConfig(_Strict):
     fetch: str = Field("ondemand", description="faas: ondemand | full (download at cold start)")
     cache: bool = Field(True, description="faas: adaptive feature cache in inference instances")
     max_instances: int | None = Field(None, ge=1, le=1024, description="faas: per function")
+    nodes: str = Field("", description="fog: YAML file of the fog nodes (name, cores, link)")
+    fog_mode: str = Field("fograph", description="fog: fograph | strawman | cloud")
 
 
 class ServeConfig(_Strict):

@@ -36,6 +36,7 @@ class ClusterRound:
     logits: np.ndarray  # float32 [N, C] in vertex order
     nodes: list[NodeRound]  # by fog rank
     plan_version: int  # placement version the round ran on
+    embedding: np.ndarray | None = None  # float32 [N, H]: every vertex's last-layer input
 
     @property
     def round_ms(self) -> float:
@@ -140,9 +141,11 @@ class FogCluster:
                 [n.run.remote(round_id, wait_s) for n in self._nodes]
             )
             logits = np.empty((self.num_nodes, reports[0].logits.shape[1]), np.float32)
+            embedding = np.empty((self.num_nodes, reports[0].embedding.shape[1]), np.float32)
             for r in reports:
                 logits[self.membership == r.rank] = r.logits
-            return ClusterRound(logits, reports, self.version)
+                embedding[self.membership == r.rank] = r.embedding
+            return ClusterRound(logits, reports, self.version, embedding)
 
     def collect(self, vertices: np.ndarray, values: np.ndarray) -> None:
         """New readings of ``vertices`` (int64 ids) -> their fogs, before the next round."""

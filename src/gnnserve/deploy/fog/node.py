@@ -30,6 +30,7 @@ class NodeRound:
 
     rank: int
     logits: np.ndarray  # float32 [n_own, C]: its owned vertices' outputs, ascending ids
+    embedding: np.ndarray  # float32 [n_own, H]: their last layer's input
     collect_ms: float  # waiting for this round's uploads (0 without a round id)
     compute_ms: float  # layer computation
     exchange_ms: float  # boundary exchange and barrier waits
@@ -111,7 +112,9 @@ class FogNode:
         part, exchange_s, layer_ms = self.part, 0.0, []
         h = self.features
         with torch.inference_mode():
+            embedding = h
             for index in range(self.model.config.num_layers):
+                embedding = h  # the input of the last layer, once the loop ends
                 t0 = time.perf_counter()
                 halo = self._swap(h, f"layer{index}")
                 t1 = time.perf_counter()
@@ -122,6 +125,7 @@ class FogNode:
         return NodeRound(
             part.rank,
             h.numpy(),
+            embedding.numpy(),
             collect_ms=(collected - start) * 1e3,
             compute_ms=float(sum(layer_ms)),
             exchange_ms=exchange_s * 1e3,

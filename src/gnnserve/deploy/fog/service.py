@@ -58,6 +58,7 @@ class RoundReport:
     bytes_uploaded: int  # on the wire, all device groups
     raw_bytes: int  # float32 readings uploaded
     plan_version: int
+    embedding: np.ndarray | None = None  # float32 [N, H]: the last layer's input per vertex
     decision: Decision | None = None  # the scheduler's after this round (fograph mode)
     extra: dict[str, float] = field(default_factory=dict)
 
@@ -289,6 +290,7 @@ class FogService:
             sent,
             self.features.nbytes,
             result.plan_version,
+            result.embedding,
         )
 
     def _adapt(self, report: RoundReport) -> Decision:

@@ -1,0 +1,154 @@
+"""FogExecutor (``deploy.mode: fog``): every batch is answered by one round on the fog nodes.
+
+The engine in front (admission, batcher, HTTP) is unchanged. At start the executor starts a
+:class:`~gnnserve.deploy.fog.service.FogService` over the nodes of ``deploy.nodes`` (profiled,
+planned, one device group per node uploading over its testbed link) in ``deploy.fog_mode``.
+Each batch then runs one round: the device groups upload the vertices' current readings (the
+served feature store's rows), the fogs run full-graph inference (BSP), and the batch's
+requests are answered from their vertices' rows. Answers are full-graph (every in-neighbour):
+request fanouts do not apply and are refused. The graph must not change (no update log).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import numpy as np
+import torch
+
+from gnnserve.deploy.fog.nodes import load_nodes
+from gnnserve.deploy.fog.service import FogService, RoundReport
+from gnnserve.engine.batcher import Batch
+from gnnserve.engine.executor import BatchSource, ExecutionContext, Executor
+from gnnserve.engine.local import resolve_batch
+from gnnserve.engine.pipeline import fail_batch
+from gnnserve.errors import InvalidInputError
+from gnnserve.types import SampledSubgraph
+
+log = logging.getLogger(__name__)
+
+
+class FogExecutor(Executor):
+    """Runs each batch as one round of a fog deployment."""
+
+    name = "fog"
+
+    def __init__(self, context: ExecutionContext) -> None:
+        if context.updates is not None:
+            raise InvalidInputError(
+                "deploy mode fog serves a fixed sensor graph (its nodes hold partitions taken "
+                "at start-up): serve without an update log",
+                "deploy.mode",
+            )
+        if not context.config.deploy.nodes:
+            raise InvalidInputError(
+                "deploy mode fog needs --nodes (a YAML file of the fog nodes)", "deploy.nodes"
+            )
+        super().__init__(context)
+        self.nodes = load_nodes(context.config.deploy.nodes)
+        self.service: FogService | None = None
+        self._source: BatchSource | None = None
+        self._thread: threading.Thread | None = None
+        self.last: RoundReport | None = None
+        self.rounds = 0
+        self.bytes_uploaded = 0
+        self.raw_bytes = 0
+
+    def start(self, batches: BatchSource) -> None:
+        """Start the fog nodes (profile, plan, warm-up round), then the dispatch thread."""
+        ctx = self.context
+        started = time.perf_counter()
+        readings = ctx.features.get_valid(np.arange(ctx.graph.num_nodes)).numpy()
+        self.service = FogService(
+            ctx.runner.model, ctx.graph, readings, self.nodes, ctx.config.deploy.fog_mode
+        )
+        log.info(
+            "fog: %d nodes (%s) ready in %.1f s",
+            len(self.nodes),
+            ctx.config.deploy.fog_mode,
+            time.perf_counter() - started,
+        )
+        self._source = batches
+        self._thread = threading.Thread(target=self._dispatch, name="fog-dispatch", daemon=True)
+        self._thread.start()
+
+    def _dispatch(self) -> None:
+        assert self._source is not None and self.service is not None
+        while True:
+            batch = self._source.next_batch()
+            if batch is None:
+                return
+            try:
+                report = self._round(batch)
+            except Exception as exc:  # noqa: BLE001 - the batch's callers get the error
+                self._source.finished(batch)
+                fail_batch(batch, exc)
+                continue
+            self._answer(batch, report)
+
+    def _round(self, batch: Batch) -> RoundReport:
+        """One round for ``batch`` (InvalidInputError for per-request fanouts)."""
+        assert self.service is not None
+        if batch.fanouts is not None and batch.fanouts != self.context.planner.default:
+            raise InvalidInputError(
+                "per-request fanouts are not served by the fog deployment: it answers with "
+                "full-graph inference",
+                "fanouts",
+            )
+        batch.graph_version = self.context.graph.version
+        report = self.service.round()
+        self.last, self.rounds = report, self.rounds + 1
+        return report
+
+    def _answer(self, batch: Batch, report: RoundReport) -> None:
+        """Answer ``batch``'s requests from the round's rows of their vertices."""
+        assert self._source is not None
+        self.bytes_uploaded += report.bytes_uploaded
+        self.raw_bytes += report.raw_bytes
+        seeds, rows = np.unique(batch.seeds, return_inverse=True)
+        batch.subgraph = SampledSubgraph(seeds, [], int(seeds.size), rows.astype(np.int64))
+        batch.stage_ms.update(
+            sample=0.0,
+            fetch=max(report.collect_ms),
+            compute=report.latency_ms - max(report.collect_ms),
+        )
+        self._source.finished(batch)
+        assert report.embedding is not None
+        logits = torch.from_numpy(report.logits[seeds])
+        embedding = torch.from_numpy(report.embedding[seeds])
+        resolve_batch(batch, self.context.runner, logits, embedding)
+        for observe in self.context.observers:
+            observe(batch)
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """Answer the batch in flight, then stop the nodes, links and quotas."""
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+        service, self.service = self.service, None
+        if service is not None:
+            service.close()
+
+    def describe(self) -> dict[str, object]:
+        """Rounds, bytes uploaded and their compression, plan version, per-node time and mu."""
+        about: dict[str, object] = {"deploy": self.name, "fog_rounds": self.rounds}
+        about["fog_bytes_uploaded"] = self.bytes_uploaded
+        if self.bytes_uploaded:
+            about["fog_compression_ratio"] = self.raw_bytes / self.bytes_uploaded
+        last = self.last
+        if last is not None:
+            about["fog_plan_version"] = last.plan_version
+            about["fog_round_ms"] = last.latency_ms
+            times = np.asarray(last.node_ms)
+            mu = times / times.mean() if times.mean() > 0 else np.ones_like(times)
+            for node, ms, skew in zip(self.nodes_served(), times, mu, strict=False):
+                about[f"fog_node_{node}_compute_ms"] = float(ms)
+                about[f"fog_node_{node}_mu"] = float(skew)
+        return about
+
+    def nodes_served(self) -> list[str]:
+        """Names of the nodes computing (one ``cloud`` node in cloud mode)."""
+        if self.service is not None and self.service.mode == "cloud":
+            return ["cloud"]
+        return [n.name for n in self.nodes]

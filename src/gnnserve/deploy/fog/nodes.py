@@ -1,0 +1,59 @@
+"""The fog nodes file (``serve --deploy fog --nodes nodes.yaml``)::
+
+nodes:
+  - {name: weak, cores: 0.15, link: 4g}     # cores: CPU quota (omit: unthrottled)
+  - {name: strong, cores: 0.6, link: 5g}    # link: 4g | 5g | wifi (the devices' uplink)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from gnnserve.deploy.fog.service import NodeSpec
+from gnnserve.deploy.fog.testbed import PRESETS
+from gnnserve.errors import InvalidInputError
+
+MAX_NODES = 24  # link namespaces per service: 10 x tag + index stays below 250
+
+
+class _Node(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
+    cores: float | None = Field(None, ge=0.01, le=1024)
+    link: str = "wifi"
+
+
+class _File(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    nodes: list[_Node] = Field(min_length=1, max_length=MAX_NODES)
+
+
+def load_nodes(path: str | Path) -> list[NodeSpec]:
+    """The nodes of ``path``; InvalidInputError (field ``deploy.nodes``) naming what is wrong."""
+    try:
+        raw = yaml.safe_load(Path(path).read_text())
+        parsed = _File.model_validate(raw)
+    except (OSError, yaml.YAMLError) as exc:
+        raise InvalidInputError(
+            f"cannot read fog nodes file {path}: {exc}", "deploy.nodes"
+        ) from exc
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise InvalidInputError(
+            f"fog nodes file {path}: {where}: {first['msg']}", "deploy.nodes"
+        ) from exc
+    names = [n.name for n in parsed.nodes]
+    if len(set(names)) != len(names):
+        raise InvalidInputError(f"fog nodes file {path}: node names repeat", "deploy.nodes")
+    for node in parsed.nodes:
+        if node.link not in PRESETS:
+            raise InvalidInputError(
+                f"fog nodes file {path}: node {node.name}: link must be one of "
+                f"{sorted(PRESETS)}, got {node.link!r}",
+                "deploy.nodes",
+            )
+    return [NodeSpec(n.name, n.cores, n.link) for n in parsed.nodes]

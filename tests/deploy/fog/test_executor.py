@@ -1,0 +1,77 @@
+"""`gnnserve serve --deploy fog` over HTTP: each batch is a round on the fog nodes; answers equal
+full-neighbourhood inference on the local path; /metrics shows the rounds; bad set-ups refused."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gnnserve.cli import main
+from gnnserve.deploy.fog.nodes import load_nodes
+from gnnserve.deploy.fog.service import NodeSpec
+from gnnserve.errors import InvalidInputError
+from tests.deploy.servers import metric, predict, served
+
+NODES = "nodes:\n  - {name: weak, cores: 0.3, link: wifi}\n  - {name: strong, link: 5g}\n"
+
+
+def _probs(base: str, nodes: list[int], **extra: object) -> np.ndarray:
+    body = {"nodes": nodes, "output": "probs", **extra}
+    return np.asarray(predict(base, body)["predictions"], np.float64)
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_fog_answers_equal_full_neighbourhood_inference(
+    small_store: Path, small_ckpt: Path, tmp_path: Path
+) -> None:
+    nodes = tmp_path / "nodes.yaml"
+    nodes.write_text(NODES)
+    fog_flags = ["--deploy", "fog", "--nodes", str(nodes), "--fog-mode", "strawman"]
+    with (
+        served(small_store, small_ckpt, "--fanouts=-1,-1") as local,
+        served(small_store, small_ckpt, *fog_flags) as fog,
+    ):
+        asked = [5, 6, 7, 1999, 5]
+        np.testing.assert_allclose(_probs(fog, asked), _probs(local, asked), rtol=0, atol=1e-5)
+        embedding = predict(fog, {"nodes": [3], "output": "embedding"})["predictions"]
+        assert len(embedding[0]) > 0
+        assert metric(fog, "gnnserve_deploy_fog_rounds") == 2
+        assert metric(fog, "gnnserve_deploy_fog_compression_ratio") < 1.0  # raw + headers
+        assert metric(fog, "gnnserve_deploy_fog_plan_version") >= 1
+        assert metric(fog, "gnnserve_deploy_fog_node_weak_mu") > 0
+
+
+def test_bad_fog_set_ups_are_refused(
+    small_store: Path, small_ckpt: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["serve", "--store", str(small_store), "--model", str(small_ckpt), "--deploy", "fog"]
+    assert main(argv) == 2
+    assert "--nodes" in capsys.readouterr().err
+    nodes = tmp_path / "nodes.yaml"
+    nodes.write_text(NODES)
+    assert main([*argv, "--nodes", str(nodes), "--update-log", str(tmp_path / "u.log")]) == 2
+    assert "fixed sensor graph" in capsys.readouterr().err
+
+
+def test_nodes_file_errors_name_what_is_wrong(tmp_path: Path) -> None:
+    path = tmp_path / "n.yaml"
+    path.write_text(NODES)
+    assert load_nodes(path) == [NodeSpec("weak", 0.3, "wifi"), NodeSpec("strong", None, "5g")]
+    cases = {
+        "nodes:\n  - {name: a, link: 3g}\n": "link must be one of",
+        "nodes:\n  - {name: a}\n  - {name: a}\n": "repeat",
+        "nodes:\n  - {name: a, cores: 0}\n": "nodes.0.cores",
+        "nodes: []\n": "nodes",
+        "nodes:\n  - {name: a, speed: 2}\n": "speed",
+        "[: bad": "cannot read",
+    }
+    for text, message in cases.items():
+        path.write_text(text)
+        with pytest.raises(InvalidInputError, match=message) as info:
+            load_nodes(path)
+        assert info.value.field == "deploy.nodes"
+    with pytest.raises(InvalidInputError, match="cannot read"):
+        load_nodes(tmp_path / "missing.yaml")
