@@ -3,7 +3,9 @@
 facebook_pagepage and fb100_cornell5 keep their own sparse binary features, cut to the
 ``FEATURES`` most frequent columns (the sensors' one-hot readings; Fograph's SIoT has 52 such
 dimensions), with their labels; R-MAT 100K vertices / 1M edges gets sparse one-hot features
-(three ones per row) and no labels (its accuracy is reported as agreement with full precision).
+(three ones per row) and no labels (its accuracy is reported as agreement with full precision);
+sbm20k (a stochastic block model, 20K vertices, 8 classes) has continuous Gaussian features, on
+which quantization is not exact: the accuracy comparison that binary features cannot give.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import numpy as np
 import torch
 
 from common import DATASETS
-from gnnserve.data.generators import rmat
+from gnnserve.data.generators import rmat, sbm
 from gnnserve.data.writer import GraphData, write_store
 from gnnserve.graph import open_graph_store
 from gnnserve.graph.base import GraphStore
@@ -23,7 +25,7 @@ from gnnserve.models.checkpoint import load_checkpoint, save_checkpoint
 from gnnserve.models.train import train
 from gnnserve.models.zoo import GNN, ModelConfig
 
-FEATURES = {"facebook_pagepage": 64, "fb100_cornell5": 64, "rmat100k": 16}
+FEATURES = {"facebook_pagepage": 64, "fb100_cornell5": 64, "rmat100k": 16, "sbm20k": 32}
 HIDDEN = 64
 
 
@@ -56,7 +58,10 @@ def _top_columns(z: np.lib.npyio.NpzFile, keep: int) -> np.ndarray:
 def load(name: str, work: Path) -> BenchGraph:
     """The graph ``name`` written as a store under ``work`` (once)."""
     store = work / name / "store"
-    if name == "rmat100k":
+    if name == "sbm20k":  # continuous (Gaussian) readings: quantization changes them
+        data = sbm(num_nodes=20_000, num_classes=8, feature_dim=FEATURES[name], seed=0)
+        data.name = name
+    elif name == "rmat100k":
         data = rmat(num_nodes=100_000, num_edges=1_000_000, feature_dim=FEATURES[name], seed=0)
         rng = np.random.default_rng(0)
         x = np.zeros((data.num_nodes, FEATURES[name]), np.float32)
