@@ -80,8 +80,8 @@ class Planner:
         self.parallel_threshold = routed_threshold(config, self.profile)
         default = self._on_demand(self.default, cost)
         default.parallel_threshold = self.parallel_threshold
-        if config.routing is not None and self.profile is not None:
-            default.throughput = throughput_sampler(self.profile, graph, self.default, config)
+        if config.routing is not None and self.profile is not None and cost is not None:
+            default.throughput = throughput_sampler(self.profile, graph, self.default, config, cost)
         self._samplers: dict[Fanouts, NeighborSampler] = {self.default: default}
         self.presampler: PreSampler | None = None
         if config.presample:
@@ -121,13 +121,17 @@ def routed_threshold(config: SamplerConfig, profile: CalibrationProfile | None) 
 
 
 def throughput_sampler(
-    profile: CalibrationProfile, graph: GraphStore, fanouts: Fanouts, config: SamplerConfig
+    profile: CalibrationProfile,
+    graph: GraphStore,
+    fanouts: Fanouts,
+    config: SamplerConfig,
+    cost: np.ndarray,
 ) -> PathSampler | None:
     """The profile's throughput path when it is a device path (``cuda``, ``torch``), built
-    once for the default fanouts; None for ``parallel`` (NeighborSampler's own hop-by-hop)."""
+    once for the default fanouts with their PSGS ``cost``; None for ``parallel``
+    (NeighborSampler's own hop-by-hop)."""
     if profile.path_b == "parallel":
         return None
-    cost = psgs(graph, list(fanouts))
     log.info("throughput path: %s (from the calibration profile)", profile.path_b)
     return build_path(profile.path_b, graph, list(fanouts), config.seed, cost)
 

@@ -25,7 +25,7 @@ from gnnserve.errors import InvalidInputError
 from gnnserve.fanouts import check_fanouts
 from gnnserve.graph.base import GraphStore
 from gnnserve.sampling.kernels import _GOLDEN, _MIX1, _MIX2
-from gnnserve.sampling.sampler import call_key
+from gnnserve.sampling.sampler import KeyStream, check_seeds, size_bound_per_seed
 from gnnserve.types import Block, SampledSubgraph
 
 
@@ -128,11 +128,10 @@ class DeviceSampler:
         self._row_start, self._degree, self._indices = (
             _on_device(a, self.device) for a in (row_start, degree, indices)
         )
-        widths = np.cumprod([float(f) if f > 0 else 1000.0 for f in self.fanouts])
-        self._size_bound_per_seed = float(widths.sum())
+        self._size_bound_per_seed = size_bound_per_seed(self.fanouts)
         self._maps: queue.SimpleQueue[torch.Tensor] = queue.SimpleQueue()
         self._graph = graph
-        self._calls = 0
+        self._keys = KeyStream(self.seed)
 
     def expected_size(self, seeds: np.ndarray) -> float:
         """Expected sampled nodes for ``seeds``: PSGS sum when known, else a fanout bound."""
@@ -142,19 +141,12 @@ class DeviceSampler:
 
     def sample(self, seeds: np.ndarray, rng_seed: int | None = None) -> SampledSubgraph:
         """The computation graph of ``seeds`` (checked: InvalidInputError naming them)."""
-        seeds = self._graph.check_nodes(seeds, "seeds")
-        if seeds.size == 0:
-            raise InvalidInputError("seeds must not be empty", "seeds")
-        return self.sample_valid(seeds, rng_seed)
+        return self.sample_valid(check_seeds(self._graph, seeds), rng_seed)
 
     def sample_valid(self, seeds: np.ndarray, rng_seed: int | None = None) -> SampledSubgraph:
         """:meth:`sample` for validated seeds. ``rng_seed`` fixes the draws exactly as it does
         for ``NeighborSampler.sample``; by default each call draws from the next key."""
-        if rng_seed is None:
-            self._calls += 1  # a race only repeats a key: draws stay valid samples
-            key = int(call_key(self.seed, self._calls))
-        else:
-            key = rng_seed & 0xFFFFFFFFFFFFFFFF
+        key = int(self._keys.key(rng_seed))
         local_id = self._borrow_map()
         try:
             return self._sample(torch.as_tensor(seeds, device=self.device), key, local_id)

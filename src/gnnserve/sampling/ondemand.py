@@ -12,7 +12,6 @@ identical to sampling the whole graph locally.
 from __future__ import annotations
 
 import queue
-import threading
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -22,7 +21,7 @@ from gnnserve.errors import InvalidInputError
 from gnnserve.fanouts import check_fanouts
 from gnnserve.graph.remote import Fetched, RemoteCSR, count_self_loops
 from gnnserve.sampling import kernels
-from gnnserve.sampling.sampler import call_key
+from gnnserve.sampling.sampler import KeyStream
 from gnnserve.types import Block, SampledSubgraph
 
 
@@ -84,8 +83,7 @@ class OnDemandSampler:
         self.fanouts = check_fanouts(fanouts)
         self.seed = int(seed)
         self._scratch: queue.SimpleQueue[np.ndarray] = queue.SimpleQueue()
-        self._calls = 0
-        self._lock = threading.Lock()
+        self._keys = KeyStream(self.seed)
 
     def sample(self, seeds: np.ndarray, rng_seed: int | None = None) -> FetchedSample:
         """Sample the computation graph of ``seeds`` (int64 ids, duplicates allowed), fetching
@@ -96,12 +94,7 @@ class OnDemandSampler:
         n = self.remote.num_nodes
         if int(seeds.min()) < 0 or int(seeds.max()) >= n:
             raise InvalidInputError(f"seeds must be node ids in [0, {n})", "seeds")
-        if rng_seed is None:
-            with self._lock:
-                self._calls += 1
-                key = call_key(self.seed, self._calls)
-        else:
-            key = np.uint64(rng_seed & (2**64 - 1))
+        key = self._keys.key(rng_seed)
         local_id = self._borrow_map()
         try:
             return self._sample(seeds, key, local_id)

@@ -38,6 +38,39 @@ def call_key(seed: int, call: int) -> np.uint64:
     return np.uint64((seed * 0x9E3779B1 + call * 0x85EBCA77) & 0xFFFFFFFFFFFFFFFF)
 
 
+class KeyStream:
+    """A sampler's draw keys: a given ``rng_seed`` fixes the key; otherwise each call takes the
+    next of ``call_key(seed, 1), call_key(seed, 2), ...`` (thread-safe)."""
+
+    def __init__(self, seed: int) -> None:
+        self.seed = int(seed)
+        self._calls = 0
+        self._lock = threading.Lock()
+
+    def key(self, rng_seed: int | None = None) -> np.uint64:
+        """The key of one call."""
+        if rng_seed is not None:
+            return np.uint64(rng_seed & (2**64 - 1))
+        with self._lock:
+            self._calls += 1
+            call = self._calls
+        return call_key(self.seed, call)
+
+
+def size_bound_per_seed(fanouts: list[int]) -> float:
+    """Sampled nodes one seed can reach at most (a fanout of -1 counted as ~1000)."""
+    # float: a product of large fanouts would wrap around in int64
+    return float(np.cumprod([float(f) if f > 0 else 1000.0 for f in fanouts]).sum())
+
+
+def check_seeds(graph: GraphStore, seeds: np.ndarray) -> np.ndarray:
+    """``seeds`` as int64 node ids of ``graph``, at least one (InvalidInputError naming them)."""
+    seeds = graph.check_nodes(seeds, "seeds")
+    if seeds.size == 0:
+        raise InvalidInputError("seeds must not be empty", "seeds")
+    return seeds
+
+
 class KeyedSampler(Protocol):
     """A sampler whose draws a key fixes (``sampling.device.DeviceSampler``)."""
 
@@ -73,12 +106,9 @@ class NeighborSampler:
         self.parallel_threshold = int(parallel_threshold)
         self.cost = cost  # PSGS per node (sampling.metrics.psgs), or None: use a fanout bound
         self._fanout_array = np.asarray(self.fanouts, dtype=np.int64)
-        # float: a product of large fanouts would wrap around in int64
-        widths = np.cumprod([float(f) if f > 0 else 1000.0 for f in self.fanouts])  # all: ~1000
-        self._size_bound_per_seed = float(widths.sum())
+        self._size_bound_per_seed = size_bound_per_seed(self.fanouts)
         self._scratch: queue.SimpleQueue[np.ndarray] = queue.SimpleQueue()
-        self._calls = 0
-        self._lock = threading.Lock()
+        self._keys = KeyStream(self.seed)
 
     def _borrow_map(self) -> np.ndarray:
         n = self.graph.num_nodes  # grows on a dynamic graph: maps too small are dropped
@@ -91,12 +121,6 @@ class NeighborSampler:
             if local_id.size >= n:
                 return local_id
 
-    def _next_seed(self) -> np.uint64:
-        with self._lock:
-            self._calls += 1
-            call = self._calls
-        return call_key(self.seed, call)
-
     def sample(self, seeds: np.ndarray, rng_seed: int | None = None) -> SampledSubgraph:
         """Sample the computation graph of ``seeds`` (int64 ids, duplicates allowed).
 
@@ -104,15 +128,12 @@ class NeighborSampler:
         from a stream determined by the sampler's seed. Checks ``seeds`` (InvalidInputError
         naming them), then :meth:`sample_valid`.
         """
-        seeds = self.graph.check_nodes(seeds, "seeds")
-        if seeds.size == 0:
-            raise InvalidInputError("seeds must not be empty", "seeds")
-        return self.sample_valid(seeds, rng_seed)
+        return self.sample_valid(check_seeds(self.graph, seeds), rng_seed)
 
     def sample_valid(self, seeds: np.ndarray, rng_seed: int | None = None) -> SampledSubgraph:
         """:meth:`sample` for seeds already validated (int64 ids of this graph, at least one:
         a batch of admitted requests), without checking them again."""
-        key = self._next_seed() if rng_seed is None else np.uint64(rng_seed & (2**64 - 1))
+        key = self._keys.key(rng_seed)
         inline = self.expected_size(seeds) < self.parallel_threshold
         if not inline and self.throughput is not None:
             return self.throughput.sample_valid(seeds, int(key))
