@@ -6,11 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from gnnserve.deploy.fog.partition import symmetric_adjacency
 from gnnserve.deploy.fog.scheduler import (
     diffuse_pair,
     schedule,
     skew,
-    symmetric_adjacency,
 )
 from gnnserve.errors import InvalidInputError
 from tests.deploy.fog.test_planner import _graph

@@ -20,7 +20,7 @@ import numpy as np
 import ray
 
 from gnnserve.deploy.fog.node import FogNode, NodeRound
-from gnnserve.deploy.fog.partition import build_fog_partitions, check_membership
+from gnnserve.deploy.fog.partition import build_fog_partitions, check_membership, local_rows
 from gnnserve.deploy.ray import start_ray, stop_ray
 from gnnserve.errors import InvalidInputError
 from gnnserve.graph.base import GraphStore
@@ -37,20 +37,6 @@ class ClusterRound:
     nodes: list[NodeRound]  # by fog rank
     plan_version: int  # placement version the round ran on
     embedding: np.ndarray | None = None  # float32 [N, H]: every vertex's last-layer input
-
-    @property
-    def round_ms(self) -> float:
-        """The round's time: its slowest fog's."""
-        return max(n.total_ms for n in self.nodes)
-
-
-def local_rows(membership: np.ndarray, world: int) -> np.ndarray:
-    """int64 [N]: each vertex's row among its fog's owned vertices (ascending ids)."""
-    order = np.argsort(membership, kind="stable")
-    starts = np.concatenate([[0], np.cumsum(np.bincount(membership, minlength=world))])
-    local = np.empty(membership.size, np.int64)
-    local[order] = np.arange(membership.size) - starts[membership[order]]
-    return local
 
 
 def _free_port() -> int:
@@ -143,8 +129,8 @@ class FogCluster:
             logits = np.empty((self.num_nodes, reports[0].logits.shape[1]), np.float32)
             embedding = np.empty((self.num_nodes, reports[0].embedding.shape[1]), np.float32)
             for r in reports:
-                logits[self.membership == r.rank] = r.logits
-                embedding[self.membership == r.rank] = r.embedding
+                mine = self.membership == r.rank
+                logits[mine], embedding[mine] = r.logits, r.embedding
             return ClusterRound(logits, reports, self.version, embedding)
 
     def collect(self, vertices: np.ndarray, values: np.ndarray) -> None:

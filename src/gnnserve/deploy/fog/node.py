@@ -59,6 +59,8 @@ class FogNode:
                 "features",
             )
         self.part = part
+        self._send = torch.from_numpy(np.concatenate(part.send_rows))  # rows for the others
+        self._send_counts = [int(r.size) for r in part.send_rows]
         if model is not None:
             self.model = model.eval()
         # a copy: Ray hands large arrays over read-only, and uploads write into these rows
@@ -112,7 +114,6 @@ class FogNode:
         part, exchange_s, layer_ms = self.part, 0.0, []
         h = self.features
         with torch.inference_mode():
-            embedding = h
             for index in range(self.model.config.num_layers):
                 embedding = h  # the input of the last layer, once the loop ends
                 t0 = time.perf_counter()
@@ -154,8 +155,5 @@ class FogNode:
 
     def _swap(self, h: torch.Tensor, tag: str) -> torch.Tensor:
         """Rows of this fog's halo, from their owners (grouped by owner rank)."""
-        part = self.part
-        rows = torch.from_numpy(np.concatenate(part.send_rows))
-        send = h.index_select(0, rows)
-        counts = [int(r.size) for r in part.send_rows]
-        return self.comm.all_to_all(send, counts, part.halo_counts, tag)
+        send = h.index_select(0, self._send)
+        return self.comm.all_to_all(send, self._send_counts, self.part.halo_counts, tag)

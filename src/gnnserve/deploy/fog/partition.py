@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import scipy.sparse as sp
 import torch
 
 from gnnserve.errors import InvalidInputError
@@ -52,6 +53,29 @@ def check_membership(membership: np.ndarray, num_nodes: int, world: int) -> np.n
     return member
 
 
+def local_rows(membership: np.ndarray, world: int) -> np.ndarray:
+    """int64 [N]: each vertex's row among its fog's owned vertices (ascending ids)."""
+    order = np.argsort(membership, kind="stable")
+    starts = np.concatenate([[0], np.cumsum(np.bincount(membership, minlength=world))])
+    local = np.empty(membership.size, np.int64)
+    local[order] = np.arange(membership.size) - starts[membership[order]]
+    return local
+
+
+def symmetric_adjacency(indptr: np.ndarray, indices: np.ndarray) -> sp.csr_matrix:
+    """0/1 CSR [N, N] of the undirected graph (u ~ v when either edge exists), no self loops,
+    column indices sorted."""
+    n = indptr.size - 1
+    dst = np.repeat(np.arange(n), np.diff(indptr))
+    src = np.asarray(indices, np.int64)
+    a = sp.coo_matrix((np.ones(src.size, np.int8), (src, dst)), shape=(n, n)).tocsr()
+    a = ((a + a.T) > 0).astype(np.int32).tocsr()
+    a.setdiag(0)
+    a.eliminate_zeros()
+    a.sort_indices()
+    return a
+
+
 def build_fog_partitions(
     indptr: np.ndarray, indices: np.ndarray, membership: np.ndarray, world: int,
     gcn_degree: np.ndarray,
@@ -62,9 +86,10 @@ def build_fog_partitions(
     member = check_membership(membership, n, world)
     dst_all = np.repeat(np.arange(n), np.diff(indptr))
     src_all = np.asarray(indices, np.int64)
-    halos, counts, edges = [], [], []
+    owners, halos, counts, edges = [], [], [], []
     for j in range(world):
         owned = np.flatnonzero(member == j)
+        owners.append(owned)
         mine = member[dst_all] == j
         src, dst = src_all[mine], dst_all[mine]
         foreign = np.unique(src[member[src] != j])
@@ -75,12 +100,10 @@ def build_fog_partitions(
         halos.append(halo)
         counts.append(np.bincount(member[halo], minlength=world).tolist())
         edges.append(torch.from_numpy(np.stack([local[src], local[dst]])))
+    row_at_owner = local_rows(member, world)
     parts = []
-    for j in range(world):
-        owned = np.flatnonzero(member == j)
-        rank_of = np.full(n, -1, np.int64)
-        rank_of[owned] = np.arange(owned.size)
-        sends = [rank_of[halos[r][member[halos[r]] == j]] for r in range(world)]
+    for j, owned in enumerate(owners):
+        sends = [row_at_owner[halos[r][member[halos[r]] == j]] for r in range(world)]
         sends[j] = np.empty(0, np.int64)
         ids = np.concatenate([owned, halos[j]])
         degree = torch.from_numpy(np.asarray(gcn_degree, np.float32)[ids])

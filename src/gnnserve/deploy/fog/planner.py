@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy.optimize import linear_sum_assignment
 
+from gnnserve.deploy.fog.partition import symmetric_adjacency
 from gnnserve.deploy.fog.profiler import LatencyModel, halo_sizes
 from gnnserve.errors import InvalidInputError
 
@@ -68,16 +69,9 @@ def metis_parts(
         raise InvalidInputError(f"need 1 <= parts <= {num_nodes}, got {n}", "nodes")
     if n == 1:
         return np.zeros(num_nodes, np.int64)
-    dst = np.repeat(np.arange(num_nodes), np.diff(indptr))
-    src = np.asarray(indices, np.int64)
-    keep = src != dst
-    pairs = np.unique(
-        np.concatenate([src[keep] * num_nodes + dst[keep], dst[keep] * num_nodes + src[keep]])
-    )
-    a, b = pairs // num_nodes, pairs % num_nodes
-    xadj = np.concatenate([[0], np.cumsum(np.bincount(a, minlength=num_nodes))])
+    undirected = symmetric_adjacency(indptr, indices)
     options = pymetis.Options(seed=seed)
-    adjacency = pymetis.CSRAdjacency(xadj, b)
+    adjacency = pymetis.CSRAdjacency(undirected.indptr, undirected.indices)
     tpwgts = None
     if weights is not None:
         w = np.asarray(weights, float)

@@ -48,18 +48,6 @@ def skew(times_ms: np.ndarray) -> np.ndarray:
     return t / mean if mean > 0 else np.ones_like(t)
 
 
-def symmetric_adjacency(indptr: np.ndarray, indices: np.ndarray) -> sp.csr_matrix:
-    """0/1 CSR [N, N] of the undirected graph (u ~ v when either edge exists), no self loops."""
-    n = indptr.size - 1
-    dst = np.repeat(np.arange(n), np.diff(indptr))
-    src = np.asarray(indices, np.int64)
-    a = sp.coo_matrix((np.ones(src.size, np.int8), (src, dst)), shape=(n, n)).tocsr()
-    a = ((a + a.T) > 0).astype(np.int32).tocsr()
-    a.setdiag(0)
-    a.eliminate_zeros()
-    return a
-
-
 def diffuse_pair(
     adjacency: sp.csr_matrix,
     membership: np.ndarray,

@@ -17,16 +17,16 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
 from gnnserve.deploy.fog.cluster import ClusterRound, FogCluster
 from gnnserve.deploy.fog.devices import DeviceGroup
-from gnnserve.deploy.fog.partition import build_fog_partitions
+from gnnserve.deploy.fog.partition import build_fog_partitions, symmetric_adjacency
 from gnnserve.deploy.fog.planner import FogSpec, metis_parts, plan
 from gnnserve.deploy.fog.profiler import calibration_sets, cardinality, fit_latency, halo_sizes
-from gnnserve.deploy.fog.scheduler import Decision, schedule, symmetric_adjacency
+from gnnserve.deploy.fog.scheduler import Decision, schedule
 from gnnserve.deploy.fog.testbed import PRESETS, CpuQuota, Link, cloud_path, probe
 from gnnserve.errors import InvalidInputError
 from gnnserve.features.codecs import DaqConfig, bits_per_vertex, pack
@@ -60,7 +60,6 @@ class RoundReport:
     plan_version: int
     embedding: np.ndarray | None = None  # float32 [N, H]: the last layer's input per vertex
     decision: Decision | None = None  # the scheduler's after this round (fograph mode)
-    extra: dict[str, float] = field(default_factory=dict)
 
 
 class FogService:
@@ -119,12 +118,13 @@ class FogService:
         )
         self.version, self._round = 0, 0
         self.groups: list[DeviceGroup] = []
-        membership = metis_parts(self.indptr, self.indices, self.world, seed)
-        self.cluster = FogCluster(model, graph, self.features, membership, self.world)
+        # contiguous blocks until the plan (the profile runs the same subgraphs on every node)
+        blocks = np.arange(graph.num_nodes) * self.world // graph.num_nodes
+        self.cluster = FogCluster(model, graph, self.features, blocks, self.world)
         try:
             self.quotas = self._quotas()
             self.specs = self._profile() if mode != "cloud" else []
-            self.membership = self._initial_plan(membership)
+            self.membership = self._initial_plan(blocks)
             self.hosts = [self._hosts(j) for j in range(self.world)]
             self.ports = self.cluster.listen(self.hosts, groups=self._groups_per_fog())
             self._start_groups()
@@ -171,7 +171,8 @@ class FogService:
         for i, vertices in enumerate(sets):
             member = np.ones(n, np.int64)
             member[vertices] = 0
-            part = build_fog_partitions(self.indptr, self.indices, member, 2, self._degree())[0]
+            degree = self.cluster.gcn_degree
+            part = build_fog_partitions(self.indptr, self.indices, member, 2, degree)[0]
             rows = np.concatenate([part.owned, part.halo])
             ms[i] = self.cluster.time_subgraph(part, self.features[rows], repeats=2)
         largest = [i for i, s in enumerate(sets) if s.size == sets[-1].size]
@@ -190,16 +191,13 @@ class FogService:
             )
         return specs
 
-    def _degree(self) -> np.ndarray:
-        return np.asarray(self.graph.gcn_degree(np.arange(self.graph.num_nodes)), np.float32)
-
     def _phi(self) -> float:
         """Bytes per vertex upload (Eq. 5's phi) as this mode sends it: DAQ + LZ4 measured on
         up to 2,000 rows (fograph), raw float32 otherwise."""
         if self.bits is None:
             return self.features.shape[1] * 4.0
-        rows = np.random.default_rng(self.seed).permutation(self.features.shape[0])[:2000]
-        return len(pack(self.features[np.sort(rows)], self.bits[np.sort(rows)])) / rows.size
+        rows = np.sort(np.random.default_rng(self.seed).permutation(self.features.shape[0])[:2000])
+        return len(pack(self.features[rows], self.bits[rows])) / rows.size
 
     def _parts(self) -> np.ndarray:
         """METIS parts for the mapping: sized by the nodes' profiled speeds in fograph mode
@@ -209,9 +207,9 @@ class FogService:
             weights = np.sort(self.speeds)  # part k's share; the mapping picks its node
         return metis_parts(self.indptr, self.indices, self.world, self.seed, weights)
 
-    def _initial_plan(self, membership: np.ndarray) -> np.ndarray:
+    def _initial_plan(self, blocks: np.ndarray) -> np.ndarray:
         if self.mode == "cloud":
-            return membership
+            return blocks  # one node: every vertex on it
         membership = self._parts()
         assign, layers = self.assign, self.model.config.num_layers
         placed = plan(

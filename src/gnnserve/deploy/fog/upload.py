@@ -103,7 +103,6 @@ class Receiver:
         self._done: dict[int, int] = {}  # round -> completed group uploads
         self._cond = threading.Condition()
         self.errors: list[str] = []
-        self.bytes_received = 0
         for server in self._servers:
             threading.Thread(target=self._accept, args=(server,), daemon=True).start()
 
@@ -131,7 +130,6 @@ class Receiver:
                 rnd, _, count, start, values = chunk
                 self.apply(start, values)
                 with self._cond:
-                    self.bytes_received += HEADER.size + values.nbytes
                     seen[rnd] = seen.get(rnd, 0) + 1
                     if seen[rnd] == count:
                         self._done[rnd] = self._done.get(rnd, 0) + 1
