@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 
 from gnnserve.engine.batcher import STOP, Batch
-from gnnserve.errors import GnnServeError
+from gnnserve.errors import GnnServeError, InvalidInputError
 
 log = logging.getLogger(__name__)
 
@@ -22,6 +22,13 @@ def fail_batch(batch: Batch, exc: BaseException) -> None:
     for ticket in batch.tickets:
         if not ticket.future.done():
             ticket.future.set_exception(exc)
+
+
+def check_default_fanouts(batch: Batch, default: tuple[int, ...], deployment: str) -> None:
+    """Refuse a batch whose requests ask for fanouts other than ``default``: InvalidInputError
+    (field ``fanouts``) saying that ``deployment`` (who cannot serve them, and why) does not."""
+    if batch.fanouts is not None and batch.fanouts != default:
+        raise InvalidInputError(f"per-request fanouts are not served by {deployment}", "fanouts")
 
 
 class Stage(threading.Thread):

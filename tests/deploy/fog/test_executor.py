@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import httpx
 import numpy as np
 import pytest
 
@@ -38,7 +39,10 @@ def test_fog_answers_equal_full_neighbourhood_inference(
         np.testing.assert_allclose(_probs(fog, asked), _probs(local, asked), rtol=0, atol=1e-5)
         embedding = predict(fog, {"nodes": [3], "output": "embedding"})["predictions"]
         assert len(embedding[0]) > 0
-        assert metric(fog, "gnnserve_deploy_fog_rounds") == 2
+        r = httpx.post(f"{fog}/v1/predict", json={"nodes": [1], "fanouts": [2, 2]}, timeout=30)
+        assert r.status_code == 400 and r.json()["error"]["field"] == "fanouts"
+        assert "full-graph inference" in r.json()["error"]["message"]
+        assert metric(fog, "gnnserve_deploy_fog_rounds") == 2  # the refused batch ran none
         assert metric(fog, "gnnserve_deploy_fog_compression_ratio") < 1.0  # raw + headers
         assert metric(fog, "gnnserve_deploy_fog_plan_version") >= 1
         assert metric(fog, "gnnserve_deploy_fog_node_weak_mu") > 0

@@ -24,7 +24,7 @@ from gnnserve.deploy.faas.service import FaaSResult, FaaSService
 from gnnserve.engine.batcher import Batch
 from gnnserve.engine.executor import BatchSource, ExecutionContext, Executor
 from gnnserve.engine.local import resolve_batch
-from gnnserve.engine.pipeline import fail_batch
+from gnnserve.engine.pipeline import check_default_fanouts, fail_batch
 from gnnserve.errors import InvalidInputError
 
 log = logging.getLogger(__name__)
@@ -78,12 +78,14 @@ class FaaSExecutor(Executor):
             batch = self._source.next_batch()
             if batch is None:
                 return
-            if batch.fanouts is not None and batch.fanouts != self.context.planner.default:
-                error = InvalidInputError(
-                    "per-request fanouts are not served by the faas deployment: its instances "
-                    f"sample with {list(self.context.planner.default)}",
-                    "fanouts",
+            default = self.context.planner.default
+            try:
+                check_default_fanouts(
+                    batch,
+                    default,
+                    f"the faas deployment: its instances sample with {list(default)}",
                 )
+            except InvalidInputError as error:
                 self._finish(batch, error)
                 continue
             batch.graph_version = self.context.graph.version

@@ -23,7 +23,7 @@ from gnnserve.deploy.fog.service import FogService, RoundReport
 from gnnserve.engine.batcher import Batch
 from gnnserve.engine.executor import BatchSource, ExecutionContext, Executor
 from gnnserve.engine.local import resolve_batch
-from gnnserve.engine.pipeline import fail_batch
+from gnnserve.engine.pipeline import check_default_fanouts, fail_batch
 from gnnserve.errors import InvalidInputError
 from gnnserve.types import SampledSubgraph
 
@@ -91,12 +91,11 @@ class FogExecutor(Executor):
     def _round(self, batch: Batch) -> RoundReport:
         """One round for ``batch`` (InvalidInputError for per-request fanouts)."""
         assert self.service is not None
-        if batch.fanouts is not None and batch.fanouts != self.context.planner.default:
-            raise InvalidInputError(
-                "per-request fanouts are not served by the fog deployment: it answers with "
-                "full-graph inference",
-                "fanouts",
-            )
+        check_default_fanouts(
+            batch,
+            self.context.planner.default,
+            "the fog deployment: it answers with full-graph inference",
+        )
         batch.graph_version = self.context.graph.version
         report = self.service.round()
         self.last, self.rounds = report, self.rounds + 1
