@@ -15,7 +15,10 @@ from gnnserve.deploy.fog.service import NodeSpec
 from gnnserve.errors import InvalidInputError
 from tests.deploy.servers import metric, predict, served
 
-NODES = "nodes:\n  - {name: weak, cores: 0.3, link: wifi}\n  - {name: strong, link: 5g}\n"
+NODES = (
+    "nodes:\n  - {name: weak, cores: 0.3, link: wifi}\n"
+    "  - {name: strong, link: 5g, fog_link: wifi}\n"
+)
 
 
 def _probs(base: str, nodes: list[int], **extra: object) -> np.ndarray:
@@ -63,9 +66,13 @@ def test_bad_fog_set_ups_are_refused(
 def test_nodes_file_errors_name_what_is_wrong(tmp_path: Path) -> None:
     path = tmp_path / "n.yaml"
     path.write_text(NODES)
-    assert load_nodes(path) == [NodeSpec("weak", 0.3, "wifi"), NodeSpec("strong", None, "5g")]
+    assert load_nodes(path) == [
+        NodeSpec("weak", 0.3, "wifi"),
+        NodeSpec("strong", None, "5g", "wifi"),
+    ]
     cases = {
-        "nodes:\n  - {name: a, link: 3g}\n": "link must be one of",
+        "nodes:\n  - {name: a, link: 3g}\n": "a: link must be one of",
+        "nodes:\n  - {name: a, fog_link: 3g}\n": "a: fog_link must be one of",
         "nodes:\n  - {name: a}\n  - {name: a}\n": "repeat",
         "nodes:\n  - {name: a, cores: 0}\n": "nodes.0.cores",
         "nodes: []\n": "nodes",

@@ -19,7 +19,8 @@ from typing import Any
 import numpy as np
 import ray
 
-from gnnserve.deploy.fog.node import FogNode, NodeRound
+from gnnserve.deploy.fog.links import FABRIC_IFNAME, FogFabric
+from gnnserve.deploy.fog.node import FabricSeat, FogNode, NodeRound
 from gnnserve.deploy.fog.partition import build_fog_partitions, check_membership, local_rows
 from gnnserve.deploy.ray import start_ray, stop_ray
 from gnnserve.errors import InvalidInputError
@@ -45,12 +46,19 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _seat(fabric: FogFabric | None, fog: int) -> FabricSeat | None:
+    if fabric is None:
+        return None
+    return FabricSeat(fabric.namespaces[fog], FABRIC_IFNAME, fabric.sender_delay_ms(fog))
+
+
 class FogCluster:
     """``len(set(membership))`` fog actors serving ``model`` on ``graph``.
 
     ``features``: float32 [N, F], the vertices' first readings (each fog keeps its own rows;
     :meth:`collect` updates them). ``actor_options``: per-fog Ray options (e.g. a
-    ``runtime_env``); uses the running Ray instance or starts a local one. Close with
+    ``runtime_env``); ``fabric``: the fog <-> fog network the boundary exchange crosses (None:
+    loopback). Uses the running Ray instance or starts a local one. Close with
     :meth:`close` or use as a context manager.
     """
 
@@ -65,6 +73,7 @@ class FogCluster:
         threads_per_node: int = 1,
         timeout_s: float = 120.0,
         actor_options: list[dict[str, Any]] | None = None,
+        fabric: FogFabric | None = None,
     ) -> None:
         self.model, self.world = model.eval(), int(world)
         self.indptr, self.indices = graph.csr()
@@ -90,7 +99,13 @@ class FogCluster:
         ]
         try:
             port = _free_port()
-            ray.get([n.connect.remote(port, timeout_s) for n in self._nodes])
+            seats = [_seat(fabric, j) for j in range(self.world)]
+            ray.get(
+                [
+                    n.connect.remote(port, timeout_s, s)
+                    for n, s in zip(self._nodes, seats, strict=True)
+                ]
+            )
         except BaseException:
             self.close()
             raise

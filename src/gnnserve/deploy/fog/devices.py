@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gnnserve.deploy.fog.testbed import Link
+from gnnserve.deploy.fog.links import Link
 from gnnserve.errors import GnnServeError
 
 

@@ -8,8 +8,10 @@ collected features, exchanged the same way.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -18,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from gnnserve.deploy.cgp.exchange import Exchange
+from gnnserve.deploy.fog.links import entered
 from gnnserve.deploy.fog.partition import FogPartition
 from gnnserve.deploy.fog.upload import Receiver
 from gnnserve.errors import InvalidInputError
@@ -41,6 +44,29 @@ class NodeRound:
     layer_ms: list[float] = field(default_factory=list)  # compute per layer
 
 
+@dataclass(frozen=True)
+class FabricSeat:
+    """Where a fog node sits on a :class:`~.links.FogFabric`: its namespace, the interface gloo
+    binds to there, and the one-way delay it adds per exchange (ms; 0 where netem delays)."""
+
+    namespace: str
+    ifname: str
+    delay_ms: float
+
+
+@contextlib.contextmanager
+def _env(name: str, value: str) -> Iterator[None]:
+    old = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ[name]
+        else:
+            os.environ[name] = old
+
+
 class FogNode:
     """Holds a :class:`FogPartition`, its vertices' latest features and the model; runs its
     part of each round. ``threads``: torch intra-op threads of the process."""
@@ -48,6 +74,7 @@ class FogNode:
     def __init__(self, part: FogPartition, model: GNN, features: np.ndarray, threads: int = 1):
         torch.set_num_threads(max(1, int(threads)))
         self.comm = Exchange(part.rank, part.world)
+        self.exchange_delay_s = 0.0
         self.load(part, model, features)
 
     def load(self, part: FogPartition, model: GNN | None, features: np.ndarray) -> int:
@@ -80,16 +107,23 @@ class FogNode:
         """This node's process id (for its CPU quota)."""
         return os.getpid()
 
-    def connect(self, port: int, timeout_s: float = 60.0) -> int:
-        """Join the gloo group rendezvousing at 127.0.0.1:``port``; returns the rank."""
-        dist.init_process_group(
-            "gloo",
-            init_method=f"tcp://127.0.0.1:{port}",
-            rank=self.part.rank,
-            world_size=self.part.world,
-            timeout=timedelta(seconds=timeout_s),
-        )
-        return self.part.rank
+    def connect(self, port: int, timeout_s: float = 60.0, fabric: FabricSeat | None = None) -> int:
+        """Join the gloo group rendezvousing at 127.0.0.1:``port``; returns the rank. With a
+        ``fabric`` seat, the group's sockets are opened in the seat's namespace (so the boundary
+        exchange crosses its shaped link) and each exchange first waits the seat's delay."""
+        rank, world = self.part.rank, self.part.world
+        timeout = timedelta(seconds=timeout_s)
+        store = dist.TCPStore("127.0.0.1", port, world, rank == 0, timeout=timeout)
+        self.exchange_delay_s = 0.0
+        with contextlib.ExitStack() as stack:
+            if fabric is not None:
+                stack.enter_context(entered(fabric.namespace))
+                stack.enter_context(_env("GLOO_SOCKET_IFNAME", fabric.ifname))
+                self.exchange_delay_s = fabric.delay_ms / 1e3
+            dist.init_process_group(
+                "gloo", store=store, rank=rank, world_size=world, timeout=timeout
+            )
+        return rank
 
     def close(self) -> None:
         """Leave the process group."""
@@ -156,4 +190,6 @@ class FogNode:
     def _swap(self, h: torch.Tensor, tag: str) -> torch.Tensor:
         """Rows of this fog's halo, from their owners (grouped by owner rank)."""
         send = h.index_select(0, self._send)
+        if self.exchange_delay_s:
+            time.sleep(self.exchange_delay_s)  # the fabric's one-way delay (no netem here)
         return self.comm.all_to_all(send, self._send_counts, self.part.halo_counts, tag)

@@ -3,6 +3,7 @@
 nodes:
   - {name: weak, cores: 0.15, link: 4g}     # cores: CPU quota (omit: unthrottled)
   - {name: strong, cores: 0.6, link: 5g}    # link: 4g | 5g | wifi (the devices' uplink)
+  - {name: edge, link: wifi, fog_link: wifi} # fog_link: lan (default) | wifi | 5g | 4g
 """
 
 from __future__ import annotations
@@ -12,8 +13,8 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from gnnserve.deploy.fog.links import FOG_LINKS, PRESETS
 from gnnserve.deploy.fog.service import NodeSpec
-from gnnserve.deploy.fog.testbed import PRESETS
 from gnnserve.errors import InvalidInputError
 
 MAX_NODES = 24  # link namespaces per service: 10 x tag + index stays below 250
@@ -24,6 +25,7 @@ class _Node(BaseModel):
     name: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
     cores: float | None = Field(None, ge=0.01, le=1024)
     link: str = "wifi"
+    fog_link: str = "lan"
 
 
 class _File(BaseModel):
@@ -50,10 +52,14 @@ def load_nodes(path: str | Path) -> list[NodeSpec]:
     if len(set(names)) != len(names):
         raise InvalidInputError(f"fog nodes file {path}: node names repeat", "deploy.nodes")
     for node in parsed.nodes:
-        if node.link not in PRESETS:
-            raise InvalidInputError(
-                f"fog nodes file {path}: node {node.name}: link must be one of "
-                f"{sorted(PRESETS)}, got {node.link!r}",
-                "deploy.nodes",
-            )
-    return [NodeSpec(n.name, n.cores, n.link) for n in parsed.nodes]
+        for field, value, known in (
+            ("link", node.link, PRESETS),
+            ("fog_link", node.fog_link, FOG_LINKS),
+        ):
+            if value not in known:
+                raise InvalidInputError(
+                    f"fog nodes file {path}: node {node.name}: {field} must be one of "
+                    f"{sorted(known)}, got {value!r}",
+                    "deploy.nodes",
+                )
+    return [NodeSpec(n.name, n.cores, n.link, n.fog_link) for n in parsed.nodes]

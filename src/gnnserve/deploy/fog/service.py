@@ -6,7 +6,10 @@ adapted between rounds. Three modes share it, as in Fograph's evaluation:
   (``assign`` and ``adaptive`` override the mapping and the scheduler for ablations);
 - ``strawman``: METIS + a random mapping, raw float32 uploads, no scheduler;
 - ``cloud``: one unthrottled node; every device group uploads raw over one shared path to the
-  cloud (:func:`~.testbed.cloud_path`).
+  cloud (:func:`~.links.cloud_path`).
+
+On the testbed each device group uploads over its node's shaped ``link`` and the fogs swap
+boundary rows over a :class:`~.links.FogFabric` with each node's ``fog_link``.
 
 A round (:meth:`FogService.round`) hands each device group its sensors' readings, waits for
 every fog to collect and compute (BSP), and reports the latency from the hand-over to the last
@@ -23,11 +26,12 @@ import numpy as np
 
 from gnnserve.deploy.fog.cluster import ClusterRound, FogCluster
 from gnnserve.deploy.fog.devices import DeviceGroup
+from gnnserve.deploy.fog.links import FOG_LINKS, PRESETS, FogFabric, Link, cloud_path
 from gnnserve.deploy.fog.partition import build_fog_partitions, symmetric_adjacency
 from gnnserve.deploy.fog.planner import FogSpec, metis_parts, plan
 from gnnserve.deploy.fog.profiler import calibration_sets, cardinality, fit_latency, halo_sizes
 from gnnserve.deploy.fog.scheduler import Decision, schedule
-from gnnserve.deploy.fog.testbed import PRESETS, CpuQuota, Link, cloud_path, probe
+from gnnserve.deploy.fog.testbed import CpuQuota, probe
 from gnnserve.errors import InvalidInputError
 from gnnserve.features.codecs import DaqConfig, bits_per_vertex, pack
 from gnnserve.graph.base import GraphStore
@@ -45,6 +49,7 @@ class NodeSpec:
     name: str
     cores: float | None  # CPU quota in cores (None: unthrottled)
     link: str  # preset of its devices' uplink: 4g | 5g | wifi
+    fog_link: str = "lan"  # preset of its side of the fog <-> fog network (FOG_LINKS)
 
 
 @dataclass
@@ -91,6 +96,8 @@ class FogService:
             raise InvalidInputError(f"mode must be one of {MODES}, got {mode!r}", "mode")
         if not nodes or any(n.link not in PRESETS for n in nodes):
             raise InvalidInputError(f"nodes need a link from {sorted(PRESETS)}", "nodes")
+        if any(n.fog_link not in FOG_LINKS for n in nodes):
+            raise InvalidInputError(f"nodes need a fog_link from {sorted(FOG_LINKS)}", "nodes")
         self.mode, self.nodes, self.model, self.graph = mode, nodes, model, graph
         self.slack, self.skew_threshold, self.min_excess_ms = slack, skew_threshold, min_excess_ms
         self.chunks, self.seed = chunks, seed
@@ -110,6 +117,7 @@ class FogService:
         if testbed and not (self.shaped and (self.quotas_on or mode == "cloud")):
             log.warning("testbed incomplete: %s", support)
         self.links = self._links(support.netem)
+        self.fabric = self._fabric(support.netem)
         degrees = np.diff(self.indptr)
         self.bits = (
             bits_per_vertex(degrees, DaqConfig.for_degrees(degrees, daq_bits))
@@ -120,7 +128,9 @@ class FogService:
         self.groups: list[DeviceGroup] = []
         # contiguous blocks until the plan (the profile runs the same subgraphs on every node)
         blocks = np.arange(graph.num_nodes) * self.world // graph.num_nodes
-        self.cluster = FogCluster(model, graph, self.features, blocks, self.world)
+        self.cluster = FogCluster(
+            model, graph, self.features, blocks, self.world, fabric=self.fabric
+        )
         try:
             self.quotas = self._quotas()
             self.specs = self._profile() if mode != "cloud" else []
@@ -144,6 +154,11 @@ class FogService:
         if not self.shaped:
             return [None] * len(presets)
         return [Link(10 * self.tag + i, p, netem) for i, p in enumerate(presets)]
+
+    def _fabric(self, netem: bool) -> FogFabric | None:
+        if not self.shaped or self.world == 1:
+            return None
+        return FogFabric(self.tag, [FOG_LINKS[n.fog_link] for n in self.nodes], netem)
 
     def _quotas(self) -> list[CpuQuota | None]:
         if not self.quotas_on:
@@ -365,6 +380,9 @@ class FogService:
         for link in getattr(self, "links", []):
             if link is not None:
                 link.close()
+        fabric: FogFabric | None = getattr(self, "fabric", None)
+        if fabric is not None:
+            fabric.close()
 
     def __enter__(self) -> FogService:
         return self

@@ -1,0 +1,101 @@
+"""Shaped links on the kernel's own mechanisms: a device link carries an upload at its tbf rate
+from its namespace to the fog; the fog fabric carries the BSP boundary exchange at each fog's
+rate, and the answers stay exact. Skipped, with the reason, where netns is forbidden."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+import ray
+import torch
+
+from gnnserve.data.generators import sbm
+from gnnserve.data.writer import write_store
+from gnnserve.deploy.fog.cluster import FogCluster
+from gnnserve.deploy.fog.devices import DeviceGroup
+from gnnserve.deploy.fog.links import PRESETS, FogFabric, Link, LinkPreset, cloud_path
+from gnnserve.deploy.fog.planner import metis_parts
+from gnnserve.deploy.fog.testbed import probe
+from gnnserve.deploy.fog.upload import Receiver
+from gnnserve.graph import open_graph_store
+from gnnserve.models.zoo import GNN, ModelConfig
+from tests.embeddings.reference import layer_outputs
+
+SUPPORT = probe()
+NO_NETNS = pytest.mark.skipif(
+    SUPPORT.netns is not None, reason=f"no network namespaces: {SUPPORT.netns}"
+)
+
+
+def test_presets_compose_as_a_path() -> None:
+    assert PRESETS["4g"].then(PRESETS["wifi"]) == LinkPreset("4g+wifi", 10.0, 27.0)
+    cloud = cloud_path("4g")  # Fograph: one fog cut 4G collection time by 64% against the cloud
+    assert cloud.rate_mbit == pytest.approx(10.0 * 0.36) and cloud.delay_ms == 25.0 + 20.0
+
+
+@NO_NETNS
+def test_uploads_over_a_link_take_its_rate() -> None:
+    received = np.zeros((20_000, 32), np.float32)
+
+    def apply(start: int, values: np.ndarray) -> None:
+        received[start : start + values.shape[0]] = values
+
+    values = np.random.default_rng(0).standard_normal(received.shape).astype(np.float32)
+    with Link(201, LinkPreset("test", 20.0, 30.0), SUPPORT.netem) as link:
+        receiver = Receiver(link.host_ip, apply)
+        group = DeviceGroup(link.host_ip, receiver.port, None, link, chunks=4)
+        try:
+            start = time.perf_counter()
+            group.start_round(1, values)
+            receiver.wait(1, timeout_s=60)
+            took = time.perf_counter() - start
+            report = group.finish_round()
+        finally:
+            group.close()
+            receiver.close()
+    np.testing.assert_array_equal(received, values)
+    ideal = report["bytes"] * 8 / 20e6 + 0.030  # 2.56 MB at 20 Mbit/s plus the delay
+    assert 0.9 * ideal < took < 1.6 * ideal + 0.5  # + start-up of the device process
+
+
+@pytest.fixture(scope="module")
+def ray_cluster() -> Iterator[None]:
+    ray.init(num_cpus=4, include_dashboard=False, configure_logging=False)
+    yield
+    ray.shutdown()
+
+
+@NO_NETNS
+@pytest.mark.distributed
+def test_the_fabric_carries_the_boundary_exchange_at_its_rate(
+    tmp_path: object, ray_cluster: None
+) -> None:
+    n, f = 1_500, 64
+    data = sbm(num_nodes=n, num_classes=4, feature_dim=f, avg_degree=10.0, seed=3)
+    write_store(data, f"{tmp_path}/store")
+    graph = open_graph_store(f"{tmp_path}/store")
+    torch.manual_seed(0)
+    model = GNN(ModelConfig("sage", in_dim=f, hidden_dim=64, out_dim=3, num_layers=2))
+    x = np.random.default_rng(0).standard_normal((n, f)).astype(np.float32)
+    indptr, indices = graph.csr()
+    membership = metis_parts(indptr, indices, 2)
+    rate, delay = 2.0, 15.0  # Mbit/s, ms
+    slow = LinkPreset("slow", rate, delay)
+    with FogFabric(201, [slow, slow], SUPPORT.netem) as fabric:
+        before = [fabric.sent_bytes(j) for j in range(2)]
+        with FogCluster(model, graph, x, membership, 2, fabric=fabric) as cluster:
+            result = cluster.run()
+            wire = [fabric.sent_bytes(j) - b for j, b in enumerate(before)]
+    dst = np.repeat(np.arange(n), np.diff(indptr))
+    edges = torch.from_numpy(np.stack([np.asarray(indices, np.int64), dst]))
+    with torch.inference_mode():
+        want = layer_outputs(model, torch.from_numpy(x), edges)[-1].numpy()
+    np.testing.assert_allclose(result.logits, want, rtol=0, atol=1e-5)
+    for node, sent in zip(result.nodes, wire, strict=True):
+        assert sent >= node.bytes_sent > 50_000  # the exchange went over this fog's link
+        # the slowest sender bounds each layer's swap: its bytes at the rate, plus the delay
+        floor = max(r.bytes_sent for r in result.nodes) * 8 / (rate * 1e6) * 1e3 + 2 * delay
+        assert node.exchange_ms >= 0.9 * floor
