@@ -37,6 +37,7 @@ import numpy as np
 import gnnserve  # noqa: F401  (first: sets the OpenMP wait policy)
 from common import RESULTS, Targets, environment, median_range, save_figure
 from fog_data import BenchGraph, load, model
+from fog_exchange import run_exchange
 from gnnserve.deploy.fog.service import FogService, NodeSpec
 from gnnserve.deploy.fog.testbed import probe
 
@@ -50,11 +51,12 @@ MODES = {  # name -> FogService arguments
 GRAPHS = ("facebook_pagepage", "fb100_cornell5", "rmat100k")
 
 
-def nodes(net: str) -> list[NodeSpec]:
-    """Fig. 8-style environment on ``net``: 1 weak, 2 moderate, 1 strong."""
+def nodes(net: str, fog_link: str) -> list[NodeSpec]:
+    """Fig. 8-style environment: 1 weak, 2 moderate, 1 strong; devices upload over ``net``,
+    the fogs swap boundary rows over ``fog_link``."""
     # 1 : 2 : 4 speeds; 1.35 cores in all, so each quota binds (not contention for 2 cores)
     cores = {"weak": 0.15, "moderate1": 0.3, "moderate2": 0.3, "strong": 0.6}
-    return [NodeSpec(name, c, net) for name, c in cores.items()]
+    return [NodeSpec(name, c, net, fog_link) for name, c in cores.items()]
 
 
 def _scores(bench: BenchGraph, logits: np.ndarray, full: np.ndarray) -> dict[str, float | None]:
@@ -65,14 +67,17 @@ def _scores(bench: BenchGraph, logits: np.ndarray, full: np.ndarray) -> dict[str
     return {"accuracy": acc, "agreement": float((pred == full.argmax(1)).mean())}
 
 
-def run_config(bench: BenchGraph, arch: str, net: str, rounds: int, work: Path) -> dict:
+def run_config(
+    bench: BenchGraph, arch: str, net: str, fog_link: str, rounds: int, work: Path
+) -> dict:
     """Every mode on one graph, model and network, rounds interleaved."""
     gnn, trained_acc = model(bench, arch, work)
     services: dict[str, FogService] = {}
     try:
         for tag, (name, kwargs) in enumerate(MODES.items()):
             t0 = time.perf_counter()
-            services[name] = FogService(gnn, bench.graph, bench.x, nodes(net), tag=tag, **kwargs)
+            env = nodes(net, fog_link)
+            services[name] = FogService(gnn, bench.graph, bench.x, env, tag=tag, **kwargs)
             took = time.perf_counter() - t0
             print(f"[fog] {bench.name} {arch} {net}: {name} ready in {took:.1f} s", flush=True)
         reports: dict[str, list[Any]] = {m: [] for m in services}
@@ -90,6 +95,7 @@ def run_config(bench: BenchGraph, arch: str, net: str, rounds: int, work: Path) 
         "graph": bench.name,
         "arch": arch,
         "net": net,
+        "fog_link": fog_link,
         "trained_test_acc": trained_acc,
     }
     for name, reps in reports.items():
@@ -113,17 +119,20 @@ def run_config(bench: BenchGraph, arch: str, net: str, rounds: int, work: Path) 
 
 
 def run_trace(
-    bench: BenchGraph, arch: str, net: str, rounds: int, cut_after: int, work: Path
+    bench: BenchGraph, arch: str, net: str, fog_link: str, rounds: int, cut_after: int, work: Path
 ) -> dict:
     """Latency per round with and without the scheduler; the strong node's quota cut after
     round ``cut_after``."""
     gnn, _ = model(bench, arch, work)
     arms = {"adaptive": True, "static": False}
     services = {
-        name: FogService(gnn, bench.graph, bench.x, nodes(net), "fograph", adaptive=on, tag=10 + i)
+        name: FogService(
+            gnn, bench.graph, bench.x, nodes(net, fog_link), "fograph", adaptive=on, tag=10 + i
+        )
         for i, (name, on) in enumerate(arms.items())
     }
     series: dict[str, list[float]] = {name: [] for name in arms}
+    node_ms: dict[str, list[list[float]]] = {name: [] for name in arms}
     modes: list[str] = []
     try:
         for r in range(rounds):
@@ -133,6 +142,7 @@ def run_trace(
             for name in list(arms) if r % 2 == 0 else list(arms)[::-1]:
                 rep = services[name].round(bench.x)
                 series[name].append(rep.latency_ms)
+                node_ms[name].append([round(t, 1) for t in rep.node_ms])
                 if name == "adaptive":
                     modes.append(rep.decision.mode if rep.decision else "keep")
             print(
@@ -148,6 +158,7 @@ def run_trace(
     back = next((i + 1 for i, v in enumerate(after) if v <= 1.2 * before), None)
     return {
         "latency_ms": series,
+        "node_compute_ms": node_ms,
         "decisions": modes,
         "cut_after": cut_after,
         "unloaded_ms": before,
@@ -160,7 +171,8 @@ def parse() -> argparse.Namespace:
     p.add_argument("--quick", action="store_true")
     p.add_argument("--full", action="store_true")
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--sections", default="compare,trace")
+    p.add_argument("--sections", default="compare,trace,exchange")
+    p.add_argument("--fog-link", default="lan", help="fog <-> fog link preset (lan | wifi | ...)")
     p.add_argument("--configs", default=None, help="graph:arch:net,... instead of the default list")
     p.add_argument("--work", type=Path, default=Path("/tmp/gnnserve-fog-bench"))
     return p.parse_args()
@@ -196,14 +208,20 @@ def main() -> None:
     ray.init(num_cpus=8, include_dashboard=False, configure_logging=False)
     try:
         if "compare" in args.sections:
-            rows = {(r["graph"], r["arch"], r["net"]): r for r in results.get("compare", [])}
+            rows = {_key(r): r for r in results.get("compare", [])}
             for g, a, n in configs(args):  # a rerun of some configurations keeps the others
-                rows[(g, a, n)] = run_config(load(g, args.work), a, n, args.rounds, args.work)
+                bench = load(g, args.work)
+                row = run_config(bench, a, n, args.fog_link, args.rounds, args.work)
+                rows[_key(row)] = row
             results["compare"] = list(rows.values())
             path.write_text(json.dumps(results, indent=2, default=float))
         if "trace" in args.sections:
             bench = load("facebook_pagepage", args.work)
-            results["trace"] = run_trace(bench, "gcn", "4g", 6 if args.quick else 12, 3, args.work)
+            rounds = 6 if args.quick else 12
+            results["trace"] = run_trace(bench, "gcn", "4g", args.fog_link, rounds, 3, args.work)
+            path.write_text(json.dumps(results, indent=2, default=float))
+        if "exchange" in args.sections:
+            results["exchange"] = run_exchange(load("facebook_pagepage", args.work))
             path.write_text(json.dumps(results, indent=2, default=float))
     finally:
         ray.shutdown()
@@ -214,10 +232,15 @@ def main() -> None:
     targets.print()
 
 
+def _key(row: dict[str, Any]) -> tuple[str, str, str, str]:
+    # rows from before the fog fabric existed ran their exchange on unshaped loopback
+    return row["graph"], row["arch"], row["net"], row.get("fog_link", "loopback")
+
+
 def check(results: dict[str, Any], targets: Targets) -> None:
     """The issue's targets, one line per configuration."""
     for row in results.get("compare", []):
-        key = f"{row['graph']} {row['arch']} {row['net']}"
+        key = " ".join(_key(row))
         targets.check(f"{key}: cloud / fograph latency", row["cloud_over_fograph"]["median"], 3.0)
         targets.check(
             f"{key}: straw-man / fograph latency", row["strawman_over_fograph"]["median"], 1.5
@@ -246,14 +269,14 @@ def plot(results: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     rows = results.get("compare", [])
-    fig, axes = plt.subplots(1, 2, figsize=(13, 4.2))
+    fig, axes = plt.subplots(1, 3, figsize=(18, 4.2))
     ax = axes[0]
     for i, mode in enumerate(MODES):
         med = [r[mode]["latency_ms"]["median"] for r in rows]
         ax.bar(np.arange(len(rows)) + 0.16 * i, med, 0.16, label=mode)
     ax.set_xticks(
         np.arange(len(rows)) + 0.32,
-        [f"{r['graph']}\n{r['arch']} {r['net']}" for r in rows],
+        [f"{r['graph']}\n{r['arch']} {r['net']}/{_key(r)[3]}" for r in rows],
         fontsize=6,
     )
     ax.set_yscale("log")
@@ -267,6 +290,18 @@ def plot(results: dict[str, Any], path: Path) -> None:
         ax.axvline(trace["cut_after"] + 0.5, color="k", ls="--", lw=1)
         ax.set_xlabel("round (strong node's quota cut after the dashed line)")
         ax.set_ylabel("round latency (ms)")
+        ax.legend(fontsize=7)
+    exchange = results.get("exchange")
+    if exchange:
+        ax = axes[2]
+        dims = [d for d in exchange if d.isdigit()]
+        mb = [exchange[d]["bytes_per_exchange"] / 1e6 for d in dims]
+        for how in ("gloo", "ray"):
+            ax.plot(mb, [exchange[d][f"{how}_ms"]["median"] for d in dims], "o-", label=how)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel(f"MB per exchange ({exchange['graph']}, 4 fogs, loopback)")
+        ax.set_ylabel("ms per exchange (slowest fog)")
         ax.legend(fontsize=7)
     save_figure(fig, path)
 
