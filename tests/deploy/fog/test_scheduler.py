@@ -122,3 +122,18 @@ def test_many_slow_fogs_replan_with_iep() -> None:
     assert decision.moved.size == 800
     with pytest.raises(InvalidInputError, match="slack"):
         schedule(adjacency, membership, times, replan, slack=1.0)
+
+
+def test_a_small_skew_must_show_twice_and_a_surge_acts_at_once() -> None:
+    adjacency, membership = _setup()
+    noisy = np.array([10.0, 10.0, 10.0, 15.0])  # mu 1.33: past the slack, below 2 x slack
+    first = schedule(adjacency, membership, noisy, _never, previous=np.zeros(4, bool))
+    assert first.mode == "keep" and first.over is not None and first.over.tolist() == [0, 0, 0, 1]
+    again = schedule(adjacency, membership, noisy, _never, previous=first.over)
+    assert again.mode == "diffusion" and again.moved.size > 0
+    elsewhere = schedule(adjacency, membership, noisy[::-1].copy(), _never, previous=first.over)
+    assert elsewhere.mode == "keep"  # fog 0 was not past the slack before
+    surge = np.array([10.0, 10.0, 10.0, 60.0])  # mu 2.67 > 2 x 1.2
+    quiet = np.zeros(4, bool)
+    assert schedule(adjacency, membership, surge, _never, previous=quiet).mode == "diffusion"
+    assert schedule(adjacency, membership, noisy, _never).mode == "diffusion"  # no history

@@ -26,6 +26,7 @@ from gnnserve.errors import InvalidInputError
 DEFAULT_SLACK = 1.2  # lambda: tolerated max / mean round time
 DEFAULT_SKEW_THRESHOLD = 0.5  # theta: share of overloaded fogs above which IEP re-plans
 DEFAULT_DAMPING = 0.5  # share of a pair's evening move made per round
+DEFAULT_SURGE = 2.0  # mu above surge x slack acts at once; smaller skews must show twice
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,7 @@ class Decision:
     moved: np.ndarray  # int64 [m] vertices whose fog changed
     mu: np.ndarray  # float [n] measured skew of each fog (Eq. 9)
     predicted_ms: np.ndarray  # float [n] predicted round time per fog after the decision
+    over: np.ndarray | None = None  # bool [n]: fogs past the slack this round (next ``previous``)
 
 
 def skew(times_ms: np.ndarray) -> np.ndarray:
@@ -129,13 +131,20 @@ def schedule(
     min_excess_ms: float = 0.0,
     damping: float = DEFAULT_DAMPING,
     work: np.ndarray | None = None,
+    previous: np.ndarray | None = None,
+    surge: float = DEFAULT_SURGE,
 ) -> Decision:
     """Algorithm 2 after a round that took ``times_ms`` per fog. ``replan(times_ms)`` runs IEP
     with the load-factor-updated models and returns (membership, predicted ms per fog).
 
-    ``min_excess_ms``: a fog counts as overloaded only when it is also that many ms above the
-    mean (beyond Fograph: on rounds of a few ms, timer noise alone passes any slack, and a
-    placement change costs more than it can win)."""
+    Beyond Fograph, two noise filters (round times on CPU quotas swing by +-50% at a fixed
+    load, and a placement change costs more than it can win):
+
+    - ``min_excess_ms``: a fog counts as overloaded only when it is also that many ms above
+      the mean;
+    - ``previous`` (the last decision's ``over``): with it, a fog whose skew is below
+      ``surge`` x slack counts only when it was past the slack in the previous round too; a
+      surge (a real load change) acts at once."""
     if slack <= 1.0 or skew_threshold <= 0 or min_excess_ms < 0 or not 0 < damping <= 1:
         raise InvalidInputError(
             "need slack > 1, skew threshold > 0, min_excess_ms >= 0 and damping in (0, 1]",
@@ -144,14 +153,18 @@ def schedule(
     times = np.asarray(times_ms, float)
     mu = skew(times)
     current = np.asarray(membership, np.int64)
-    overloaded = int(((mu > slack) & (times - times.mean() > min_excess_ms)).sum())
+    over = (mu > slack) & (times - times.mean() > min_excess_ms)
+    counted = over
+    if previous is not None:
+        counted = over & ((mu > surge * slack) | np.asarray(previous, bool))
+    overloaded = int(counted.sum())
     if overloaded == 0:
-        return Decision("keep", current.copy(), np.empty(0, np.int64), mu, times.copy())
+        return Decision("keep", current.copy(), np.empty(0, np.int64), mu, times.copy(), over)
     if overloaded / mu.size <= skew_threshold:
         member, moved, predicted = diffusion(
             adjacency, current, times, slack, damping=damping, work=work
         )
-        return Decision("diffusion", member, moved, mu, predicted)
+        return Decision("diffusion", member, moved, mu, predicted, over)
     member, predicted = replan(times)
     moved = np.flatnonzero(member != current).astype(np.int64)
-    return Decision("replan", np.asarray(member, np.int64), moved, mu, np.asarray(predicted))
+    return Decision("replan", np.asarray(member, np.int64), moved, mu, np.asarray(predicted), over)

@@ -125,6 +125,7 @@ class FogService:
             else None
         )
         self.version, self._round = 0, 0
+        self._over = np.zeros(len(nodes), bool)  # fogs past the slack in the last round
         self.groups: list[DeviceGroup] = []
         # contiguous blocks until the plan (the profile runs the same subgraphs on every node)
         blocks = np.arange(graph.num_nodes) * self.world // graph.num_nodes
@@ -319,7 +320,9 @@ class FogService:
             self.skew_threshold,
             self.min_excess_ms,
             work=self.work,
+            previous=self._over,
         )
+        self._over = decision.over if decision.over is not None else self._over
         if decision.mode != "keep" and decision.moved.size:
             self.membership = decision.membership
             self.version = self.cluster.apply(self.membership)
