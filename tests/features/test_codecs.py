@@ -1,4 +1,4 @@
-"""Fograph's DAQ + LZ4 codec: Theorem 2 against measured sizes and a per-vertex Python sum;
+"""DAQ + LZ4 (features.quantize, features.codecs): Theorem 2 against measured sizes and
 quartile thresholds against plain counts; round trips against per-row error bounds; the blob
 checked chunk by chunk with blosc2 itself (LZ4, bit shuffle); bad and corrupted input refused."""
 
@@ -11,19 +11,16 @@ import numpy as np
 import pytest
 
 from gnnserve.errors import InvalidInputError
-from gnnserve.features.codecs import (
-    CorruptBlobError,
+from gnnserve.features.codecs import CorruptBlobError, inspect_blob, pack, unpack
+from gnnserve.features.quantize import (
     DaqConfig,
     bits_per_vertex,
     degree_thresholds,
-    inspect_blob,
     linear_dequantize,
     linear_quantize,
-    pack,
     quantized_bytes,
     theorem2_ratio,
     uniform_bits,
-    unpack,
 )
 
 EPS32 = float(np.finfo(np.float32).eps)

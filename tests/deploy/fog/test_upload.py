@@ -12,7 +12,8 @@ import pytest
 from gnnserve.deploy.fog.devices import DeviceGroup
 from gnnserve.deploy.fog.upload import HEADER, Receiver, encode_chunk
 from gnnserve.errors import InvalidInputError
-from gnnserve.features.codecs import DaqConfig, bits_per_vertex, unpack
+from gnnserve.features.codecs import unpack
+from gnnserve.features.quantize import DaqConfig, bits_per_vertex
 
 ROWS, F = 500, 24
 

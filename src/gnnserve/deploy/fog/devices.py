@@ -81,3 +81,61 @@ class DeviceGroup:
             self.proc.kill()
             self.proc.wait()
         self._dir.cleanup()
+
+
+def regions(
+    membership: np.ndarray, world: int, groups: int | None = None
+) -> list[tuple[int, np.ndarray, int]]:
+    """(fog, vertices, first row at that fog) per device group: one group per fog over its
+    owned vertices; or, with ``groups`` (the cloud: one fog), that many equal id ranges."""
+    if groups is None:
+        return [(j, np.flatnonzero(membership == j), 0) for j in range(world)]
+    bounds = np.linspace(0, membership.size, groups + 1).astype(int)
+    return [(0, np.arange(lo, hi), int(lo)) for lo, hi in zip(bounds[:-1], bounds[1:], strict=True)]
+
+
+class DeviceFleet:
+    """Every device group of a deployment: group g uploads ``regions[g]``'s vertices to fog
+    ``regions[g][0]`` at ``hosts[g]``:``ports[fog]`` over ``links[g]``, DAQ widths from
+    ``bits`` (per vertex; None: raw). Close with :meth:`close`."""
+
+    def __init__(
+        self,
+        regions: list[tuple[int, np.ndarray, int]],
+        hosts: list[str],
+        ports: list[int],
+        links: list[Link | None],
+        bits: np.ndarray | None,
+        chunks: int,
+    ) -> None:
+        self.regions, self.bits = regions, bits
+        self.groups: list[DeviceGroup] = []
+        try:
+            for (fog, vertices, offset), host, link in zip(regions, hosts, links, strict=True):
+                widths = None if bits is None else bits[vertices]
+                self.groups.append(DeviceGroup(host, ports[fog], widths, link, chunks, offset))
+        except BaseException:
+            self.close()
+            raise
+
+    def replace(self, regions: list[tuple[int, np.ndarray, int]]) -> None:
+        """A re-placement: same processes and connections, new rows (and their DAQ widths)."""
+        self.regions = regions
+        if self.bits is not None:
+            for group, (_, vertices, _) in zip(self.groups, regions, strict=True):
+                group.set_bits(self.bits[vertices])
+
+    def start_round(self, round_id: int, features: np.ndarray) -> None:
+        """Hand every group its vertices' rows of ``features`` (float32 [N, F])."""
+        for group, (_, vertices, _) in zip(self.groups, self.regions, strict=True):
+            group.start_round(round_id, features[vertices])
+
+    def finish_round(self) -> int:
+        """Bytes all groups sent on the wire in the round just uploaded."""
+        return sum(int(g.finish_round()["bytes"]) for g in self.groups)
+
+    def close(self) -> None:
+        """End every group's process."""
+        for group in self.groups:
+            group.close()
+        self.groups = []

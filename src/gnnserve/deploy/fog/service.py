@@ -25,15 +25,16 @@ from dataclasses import dataclass
 import numpy as np
 
 from gnnserve.deploy.fog.cluster import ClusterRound, FogCluster
-from gnnserve.deploy.fog.devices import DeviceGroup
+from gnnserve.deploy.fog.devices import DeviceFleet, regions
 from gnnserve.deploy.fog.links import FOG_LINKS, PRESETS, FogFabric, Link, cloud_path
 from gnnserve.deploy.fog.partition import build_fog_partitions, symmetric_adjacency
 from gnnserve.deploy.fog.planner import FogSpec, metis_parts, plan
-from gnnserve.deploy.fog.profiler import calibration_sets, cardinality, fit_latency, halo_sizes
+from gnnserve.deploy.fog.profiler import halo_sizes, profile_cluster
 from gnnserve.deploy.fog.scheduler import Decision, schedule
 from gnnserve.deploy.fog.testbed import CpuQuota, probe
 from gnnserve.errors import InvalidInputError
-from gnnserve.features.codecs import DaqConfig, bits_per_vertex, pack
+from gnnserve.features.codecs import pack
+from gnnserve.features.quantize import DaqConfig, bits_per_vertex
 from gnnserve.graph.base import GraphStore
 from gnnserve.models.zoo import GNN
 
@@ -126,7 +127,7 @@ class FogService:
         )
         self.version, self._round = 0, 0
         self._over = np.zeros(len(nodes), bool)  # fogs past the slack in the last round
-        self.groups: list[DeviceGroup] = []
+        self.fleet: DeviceFleet | None = None
         # contiguous blocks until the plan (the profile runs the same subgraphs on every node)
         blocks = np.arange(graph.num_nodes) * self.world // graph.num_nodes
         self.cluster = FogCluster(
@@ -136,8 +137,8 @@ class FogService:
             self.quotas = self._quotas()
             self.specs = self._profile() if mode != "cloud" else []
             self.membership = self._initial_plan(blocks)
-            self.hosts = [self._hosts(j) for j in range(self.world)]
-            self.ports = self.cluster.listen(self.hosts, groups=self._groups_per_fog())
+            hosts: list[str | list[str]] = [self._host(j) for j in range(self.world)]
+            self.ports = self.cluster.listen(hosts, groups=self._groups_per_fog())
             self._start_groups()
             self.adjacency = symmetric_adjacency(self.indptr, self.indices)
             self.work = np.diff(self.indptr).astype(float) + 1.0  # aggregation: an edge each
@@ -180,24 +181,21 @@ class FogService:
         """Offline profile: every node times the same calibration subgraphs (Eq. 3 fit);
         bandwidth from the link preset (the shaped rate)."""
         n = self.graph.num_nodes
-        rng = np.random.default_rng(self.seed)
-        sets = calibration_sets(n, [max(1, int(s * n)) for s in sizes], rng, per_size)
-        cards = np.array([cardinality(self.indptr, self.indices, s) for s in sets])
-        ms = np.zeros((len(sets), self.world))
-        for i, vertices in enumerate(sets):
+
+        def time_all(vertices: np.ndarray) -> list[float]:
             member = np.ones(n, np.int64)
             member[vertices] = 0
             degree = self.cluster.gcn_degree
             part = build_fog_partitions(self.indptr, self.indices, member, 2, degree)[0]
             rows = np.concatenate([part.owned, part.halo])
-            ms[i] = self.cluster.time_subgraph(part, self.features[rows], repeats=2)
-        largest = [i for i, s in enumerate(sets) if s.size == sets[-1].size]
-        self.speeds = 1.0 / np.maximum(ms[largest].mean(axis=0), 1e-6)  # per node, relative
-        specs = []
-        for j, node in enumerate(self.nodes):
-            model = fit_latency(cards, ms[:, j])
-            rate = PRESETS[node.link].rate_mbit * 1e6 / 8
-            specs.append(FogSpec(node.name, rate, model))
+            return self.cluster.time_subgraph(part, self.features[rows], repeats=2)
+
+        rng = np.random.default_rng(self.seed)
+        counts = [max(1, int(s * n)) for s in sizes]
+        models, self.speeds = profile_cluster(
+            time_all, self.indptr, self.indices, counts, rng, per_size
+        )
+        for node, model in zip(self.nodes, models, strict=True):
             log.info(
                 "fog %s: omega = %.2e |V| + %.2e |N| + %.2f ms",
                 node.name,
@@ -205,7 +203,11 @@ class FogService:
                 model.beta_n,
                 model.eps,
             )
-        return specs
+        rates = [PRESETS[node.link].rate_mbit * 1e6 / 8 for node in self.nodes]
+        return [
+            FogSpec(node.name, rate, model)
+            for node, rate, model in zip(self.nodes, rates, models, strict=True)
+        ]
 
     def _phi(self) -> float:
         """Bytes per vertex upload (Eq. 5's phi) as this mode sends it: DAQ + LZ4 measured on
@@ -245,36 +247,25 @@ class FogService:
         )
         return placed.membership
 
-    def _hosts(self, fog: int) -> str | list[str]:
-        if self.mode == "cloud":
-            return [k.host_ip if k is not None else "127.0.0.1" for k in self.links]
-        link = self.links[fog]
+    def _host(self, fog: int) -> str:
+        link = self.links[fog]  # the cloud (one fog) has one link, shared by every group
         return link.host_ip if link is not None else "127.0.0.1"
 
     def _groups_per_fog(self) -> int:
         return len(self.nodes) if self.mode == "cloud" else 1
 
     def _regions(self) -> list[tuple[int, np.ndarray, int]]:
-        """(fog, vertices, first row at that fog) per device group."""
-        if self.mode != "cloud":
-            return [(j, np.flatnonzero(self.membership == j), 0) for j in range(self.world)]
-        bounds = np.linspace(0, self.graph.num_nodes, len(self.nodes) + 1).astype(int)
-        return [
-            (0, np.arange(lo, hi), int(lo)) for lo, hi in zip(bounds[:-1], bounds[1:], strict=True)
-        ]
+        groups = len(self.nodes) if self.mode == "cloud" else None
+        return regions(self.membership, self.world, groups)
 
     def _start_groups(self) -> None:
-        self.regions = self._regions()
-        if self.groups:  # a re-placement: same processes and connections, new rows and widths
-            if self.bits is not None:
-                for group, (_, vertices, _) in zip(self.groups, self.regions, strict=True):
-                    group.set_bits(self.bits[vertices])
+        if self.fleet is not None:  # a re-placement
+            self.fleet.replace(self._regions())
             return
-        for fog, vertices, offset in self.regions:
-            link = self.links[0 if self.mode == "cloud" else fog]
-            host = link.host_ip if link is not None else "127.0.0.1"
-            bits = None if self.bits is None else self.bits[vertices]
-            self.groups.append(DeviceGroup(host, self.ports[fog], bits, link, self.chunks, offset))
+        where = self._regions()
+        links = [self.links[fog] for fog, _, _ in where]
+        hosts = [self._host(fog) for fog, _, _ in where]
+        self.fleet = DeviceFleet(where, hosts, self.ports, links, self.bits, self.chunks)
 
     # ------------------------------------------------------------------ serving
 
@@ -291,11 +282,11 @@ class FogService:
     def _collect_and_run(self) -> RoundReport:
         self._round += 1
         start = time.perf_counter()
-        for group, (_, vertices, _) in zip(self.groups, self.regions, strict=True):
-            group.start_round(self._round, self.features[vertices])
+        assert self.fleet is not None
+        self.fleet.start_round(self._round, self.features)
         result: ClusterRound = self.cluster.run(self._round)
         latency = (time.perf_counter() - start) * 1e3
-        sent = sum(int(g.finish_round()["bytes"]) for g in self.groups)
+        sent = self.fleet.finish_round()
         return RoundReport(
             result.logits,
             latency,
@@ -373,8 +364,9 @@ class FogService:
 
     def close(self) -> None:
         """Stop device groups, the cluster, quotas and links."""
-        for group in getattr(self, "groups", []):
-            group.close()
+        fleet: DeviceFleet | None = getattr(self, "fleet", None)
+        if fleet is not None:
+            fleet.close()
         if hasattr(self, "cluster"):
             self.cluster.close()
         for quota in getattr(self, "quotas", []):
