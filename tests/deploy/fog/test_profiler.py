@@ -12,7 +12,7 @@ from gnnserve.deploy.fog.profiler import (
     cardinality,
     fit_latency,
     halo_sizes,
-    profile_node,
+    profile_cluster,
 )
 from gnnserve.errors import InvalidInputError
 from tests.deploy.fog.test_planner import _graph
@@ -32,21 +32,28 @@ def test_cardinality_and_halos_equal_a_plain_count() -> None:
         assert cardinality(indptr, indices, np.array(sorted(members))) == (len(members), len(want))
 
 
-def test_fit_recovers_the_model_and_eta_rescales_it() -> None:
+def test_fit_recovers_each_nodes_model_and_eta_rescales_it() -> None:
     indptr, indices = _graph(400, 3000)
-    truth = LatencyModel(0.03, 0.01, 2.5)
+    truths = [LatencyModel(0.03, 0.01, 2.5), LatencyModel(0.12, 0.02, 1.0)]
     noise = np.random.default_rng(1)
+    timed: list[tuple[int, list[float]]] = []
 
-    def run(vertices: np.ndarray) -> float:
+    def time_all(vertices: np.ndarray) -> list[float]:
         v, n = cardinality(indptr, indices, vertices)
-        return float(truth.predict(v, n)) + noise.normal(0, 0.05)
+        ms = [float(t.predict(v, n)) + noise.normal(0, 0.05) for t in truths]
+        timed.append((vertices.size, ms))
+        return ms
 
     sizes = [10, 50, 100, 200, 300]
-    model, cards, ms = profile_node(run, indptr, indices, sizes, np.random.default_rng(2))
-    assert cards.shape == (100, 2) and ms.shape == (100,)
-    assert model.beta_v == pytest.approx(truth.beta_v, abs=0.003)
-    assert model.beta_n == pytest.approx(truth.beta_n, abs=0.003)
-    assert model.eps == pytest.approx(truth.eps, abs=0.3)
+    models, vertex_ms = profile_cluster(time_all, indptr, indices, sizes, np.random.default_rng(2))
+    assert len(timed) == 100  # 20 subgraphs per size, each timed on every node
+    for model, truth in zip(models, truths, strict=True):
+        assert model.beta_v == pytest.approx(truth.beta_v, abs=0.003)
+        assert model.beta_n == pytest.approx(truth.beta_n, abs=0.003)
+        assert model.eps == pytest.approx(truth.eps, abs=0.3)
+    largest = np.array([ms for size, ms in timed if size == 300])
+    np.testing.assert_allclose(vertex_ms, largest.mean(axis=0) / 300)
+    model = models[0]
     loaded = model.observed(100, 80, 2.0 * float(model.predict(100, 80)))
     assert loaded.eta == pytest.approx(2.0)
     assert float(loaded.predict(300, 10)) == pytest.approx(2.0 * float(model.predict(300, 10)))

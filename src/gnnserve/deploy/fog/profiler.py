@@ -95,22 +95,6 @@ def fit_latency(cardinalities: np.ndarray, latency_ms: np.ndarray) -> LatencyMod
     return LatencyModel(float(beta_v), float(beta_n), float(eps))
 
 
-def profile_node(
-    run: Callable[[np.ndarray], float],
-    indptr: np.ndarray,
-    indices: np.ndarray,
-    sizes: list[int],
-    rng: np.random.Generator,
-    per_size: int = SAMPLES_PER_SIZE,
-) -> tuple[LatencyModel, np.ndarray, np.ndarray]:
-    """Calibrate one node: ``run(vertices)`` executes the model on that subgraph on the node and
-    returns its ms. Returns (fitted model, cardinalities [m, 2], measured ms [m])."""
-    sets = calibration_sets(indptr.size - 1, sizes, rng, per_size)
-    cards = np.array([cardinality(indptr, indices, s) for s in sets], dtype=np.int64)
-    ms = np.array([run(s) for s in sets], dtype=float)
-    return fit_latency(cards, ms), cards, ms
-
-
 def profile_cluster(
     time_all: Callable[[np.ndarray], list[float]],
     indptr: np.ndarray,
@@ -121,10 +105,10 @@ def profile_cluster(
 ) -> tuple[list[LatencyModel], np.ndarray]:
     """Calibrate every node on the same subgraphs: ``time_all(vertices)`` runs the model on that
     subgraph on each node (one at a time) and returns their ms. Returns (a fitted model per
-    node, relative speed per node: 1 / mean ms on the largest subgraphs)."""
+    node, each node's compute ms per vertex: mean ms over size on the largest subgraphs)."""
     sets = calibration_sets(indptr.size - 1, sizes, rng, per_size)
     cards = np.array([cardinality(indptr, indices, s) for s in sets], dtype=np.int64)
     ms = np.array([time_all(s) for s in sets], dtype=float)  # [sets, nodes]
     largest = [i for i, s in enumerate(sets) if s.size == sets[-1].size]
-    speeds = 1.0 / np.maximum(ms[largest].mean(axis=0), 1e-6)
-    return [fit_latency(cards, ms[:, j]) for j in range(ms.shape[1])], speeds
+    per_vertex = np.maximum(ms[largest].mean(axis=0), 1e-6) / sets[-1].size
+    return [fit_latency(cards, ms[:, j]) for j in range(ms.shape[1])], per_vertex

@@ -1,8 +1,9 @@
 """Fograph end to end: a fog cluster on the testbed, profiled, planned, fed by device groups,
 adapted between rounds. Three modes share it, as in Fograph's evaluation:
 
-- ``fograph``: IEP placement on the profiled nodes (METIS parts sized by the nodes' measured
-  speeds unless ``weighted_parts=False``), DAQ + LZ4 uploads, the adaptive scheduler
+- ``fograph``: IEP placement on the profiled nodes (METIS parts sized so that each node's
+  upload + compute time per part is equal, unless ``weighted_parts=False``), DAQ + LZ4 uploads,
+  the adaptive scheduler
   (``assign`` and ``adaptive`` override the mapping and the scheduler for ablations);
 - ``strawman``: METIS + a random mapping, raw float32 uploads, no scheduler;
 - ``cloud``: one unthrottled node; every device group uploads raw over one shared path to the
@@ -192,7 +193,7 @@ class FogService:
 
         rng = np.random.default_rng(self.seed)
         counts = [max(1, int(s * n)) for s in sizes]
-        models, self.speeds = profile_cluster(
+        models, self.vertex_ms = profile_cluster(
             time_all, self.indptr, self.indices, counts, rng, per_size
         )
         for node, model in zip(self.nodes, models, strict=True):
@@ -217,24 +218,27 @@ class FogService:
         rows = np.sort(np.random.default_rng(self.seed).permutation(self.features.shape[0])[:2000])
         return len(pack(self.features[rows], self.bits[rows])) / rows.size
 
-    def _parts(self) -> np.ndarray:
-        """METIS parts for the mapping: sized by the nodes' profiled speeds in fograph mode
-        (``weighted_parts``), equal otherwise (Fograph's IEP; the straw-man)."""
+    def _parts(self, phi: float) -> np.ndarray:
+        """METIS parts for the mapping: in fograph mode (``weighted_parts``) sized so that every
+        node's upload + compute per vertex (Eq. 8's terms: ``phi / b_j`` and the profiled ms
+        per vertex) sums to the same time; equal otherwise (Fograph's IEP; the straw-man)."""
         weights = None
         if self.mode == "fograph" and self.weighted_parts:
-            weights = np.sort(self.speeds)  # part k's share; the mapping picks its node
+            upload_ms = np.array([phi / s.bandwidth * 1e3 for s in self.specs])
+            weights = np.sort(1.0 / (self.vertex_ms + upload_ms))  # the mapping picks the node
         return metis_parts(self.indptr, self.indices, self.world, self.seed, weights)
 
     def _initial_plan(self, blocks: np.ndarray) -> np.ndarray:
         if self.mode == "cloud":
             return blocks  # one node: every vertex on it
-        membership = self._parts()
+        phi = self._phi()
+        membership = self._parts(phi)
         assign, layers = self.assign, self.model.config.num_layers
         placed = plan(
             self.indptr,
             self.indices,
             self.specs,
-            self._phi(),
+            phi,
             layers,
             0.0,
             assign,
@@ -337,21 +341,21 @@ class FogService:
             )
             for j, s in enumerate(self.specs)
         ]
-        self.speeds = np.array(
+        self.vertex_ms = np.array(
             [
-                1.0 / max(float(s.model.predict(sizes.mean(), halos.mean())), 1e-6)
+                max(float(s.model.predict(sizes.mean(), halos.mean())), 1e-6) / sizes.mean()
                 for s in self.specs
             ]
         )
-        parts = self._parts()
+        phi = self._phi()
         placed = plan(
             self.indptr,
             self.indices,
             self.specs,
-            self._phi(),
+            phi,
             self.model.config.num_layers,
             assign=self.assign,
-            parts=parts,
+            parts=self._parts(phi),
         )
         return placed.membership, placed.predicted_ms
 
