@@ -16,7 +16,14 @@ from gnnserve.data.generators import sbm
 from gnnserve.data.writer import write_store
 from gnnserve.deploy.fog.cluster import FogCluster
 from gnnserve.deploy.fog.devices import DeviceGroup
-from gnnserve.deploy.fog.links import PRESETS, FogFabric, Link, LinkPreset, cloud_path
+from gnnserve.deploy.fog.links import (
+    PRESETS,
+    FogFabric,
+    Link,
+    LinkPreset,
+    cloud_path,
+    measure_rate,
+)
 from gnnserve.deploy.fog.planner import metis_parts
 from gnnserve.deploy.fog.testbed import probe
 from gnnserve.deploy.fog.upload import Receiver
@@ -99,3 +106,13 @@ def test_the_fabric_carries_the_boundary_exchange_at_its_rate(
         # the slowest sender bounds each layer's swap: its bytes at the rate, plus the delay
         floor = max(r.bytes_sent for r in result.nodes) * 8 / (rate * 1e6) * 1e3 + 2 * delay
         assert node.exchange_ms >= 0.9 * floor
+
+
+@NO_NETNS
+def test_a_measured_rate_is_the_shaped_rate() -> None:
+    with Link(202, LinkPreset("test", 20.0, 5.0), SUPPORT.netem) as link:
+        fast = measure_rate(link)
+        link.set_rate(5.0)
+        slow = measure_rate(link)
+    assert fast == pytest.approx(20e6 / 8, rel=0.15)
+    assert slow == pytest.approx(5e6 / 8, rel=0.15)

@@ -28,6 +28,10 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import socket
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -176,6 +180,41 @@ class Link:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+_SENDER = (
+    "import socket, sys\n"
+    "s = socket.create_connection((sys.argv[1], int(sys.argv[2])))\n"
+    "s.sendall(bytes(int(sys.argv[3])))\n"
+    "s.close()\n"
+)
+
+
+def measure_rate(link: Link, seconds: float = 0.3, timeout_s: float = 30.0) -> float:
+    """The link's upload rate in bytes/s, measured (Fograph's profiler measures bandwidth): a
+    process in the link's namespace sends about ``seconds`` worth of the preset's rate (at
+    least 256 kB) to the host side, timed from the first byte received to the last (the first
+    read, which may hold the shaper's burst, is not counted)."""
+    nbytes = max(256_000, int(link.preset.rate_mbit * 1e6 / 8 * seconds))
+    with socket.create_server((link.host_ip, 0)) as server:
+        server.settimeout(timeout_s)
+        port = str(server.getsockname()[1])
+        argv = link.argv(sys.executable, "-c", _SENDER, link.host_ip, port, str(nbytes))
+        proc = subprocess.Popen(argv)
+        try:
+            conn, _ = server.accept()
+            with conn:
+                conn.settimeout(timeout_s)
+                first = len(conn.recv(1 << 20))
+                start, got = time.perf_counter(), first
+                while part := conn.recv(1 << 20):
+                    got += len(part)
+                took = time.perf_counter() - start
+        finally:
+            proc.wait(timeout=timeout_s)
+    if got != nbytes or took <= 0:
+        raise TestbedError(f"rate probe over {link.ns}: {got} of {nbytes} bytes arrived")
+    return (got - first) / took
 
 
 class FogFabric:

@@ -21,13 +21,21 @@ from __future__ import annotations
 
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
 
 from gnnserve.deploy.fog.cluster import ClusterRound, FogCluster
 from gnnserve.deploy.fog.devices import DeviceFleet, regions
-from gnnserve.deploy.fog.links import FOG_LINKS, PRESETS, FogFabric, Link, cloud_path
+from gnnserve.deploy.fog.links import (
+    FOG_LINKS,
+    PRESETS,
+    FogFabric,
+    Link,
+    cloud_path,
+    measure_rate,
+)
 from gnnserve.deploy.fog.partition import build_fog_partitions, symmetric_adjacency
 from gnnserve.deploy.fog.planner import FogSpec, metis_parts, plan
 from gnnserve.deploy.fog.profiler import halo_sizes, profile_cluster
@@ -179,8 +187,8 @@ class FogService:
     def _profile(
         self, sizes: tuple[float, ...] = (0.05, 0.1, 0.2, 0.3), per_size: int = 4
     ) -> list[FogSpec]:
-        """Offline profile: every node times the same calibration subgraphs (Eq. 3 fit);
-        bandwidth from the link preset (the shaped rate)."""
+        """Offline profile: every node times the same calibration subgraphs (Eq. 3 fit), and
+        every uplink's rate is measured."""
         n = self.graph.num_nodes
 
         def time_all(vertices: np.ndarray) -> list[float]:
@@ -204,11 +212,23 @@ class FogService:
                 model.beta_n,
                 model.eps,
             )
-        rates = [PRESETS[node.link].rate_mbit * 1e6 / 8 for node in self.nodes]
+        rates = self._uplink_rates()
         return [
             FogSpec(node.name, rate, model)
             for node, rate, model in zip(self.nodes, rates, models, strict=True)
         ]
+
+    def _uplink_rates(self) -> list[float]:
+        """Each node's device uplink in bytes/s: measured over its shaped link (all links at
+        once; each has its own shaper), the preset's rate without a testbed."""
+        shaped = [link for link in self.links if link is not None]
+        if len(shaped) < len(self.nodes):
+            self.uplink_rates = [PRESETS[node.link].rate_mbit * 1e6 / 8 for node in self.nodes]
+        else:
+            with ThreadPoolExecutor(len(shaped)) as pool:
+                self.uplink_rates = list(pool.map(measure_rate, shaped))
+        log.info("fog uplinks: %s Mbit/s", [round(r * 8 / 1e6, 1) for r in self.uplink_rates])
+        return self.uplink_rates
 
     def _phi(self) -> float:
         """Bytes per vertex upload (Eq. 5's phi) as this mode sends it: DAQ + LZ4 measured on
