@@ -37,12 +37,10 @@ from gnnserve.deploy.fog.links import (
     measure_rate,
 )
 from gnnserve.deploy.fog.partition import build_fog_partitions, symmetric_adjacency
-from gnnserve.deploy.fog.planner import FogSpec, metis_parts, plan
-from gnnserve.deploy.fog.profiler import halo_sizes, profile_cluster
+from gnnserve.deploy.fog.placement import FogPlacement
 from gnnserve.deploy.fog.scheduler import Decision, schedule
 from gnnserve.deploy.fog.testbed import CpuQuota, probe
 from gnnserve.errors import InvalidInputError
-from gnnserve.features.codecs import pack
 from gnnserve.features.quantize import DaqConfig, bits_per_vertex
 from gnnserve.graph.base import GraphStore
 from gnnserve.models.zoo import GNN
@@ -117,7 +115,6 @@ class FogService:
         if not 0 <= tag < 25:
             raise InvalidInputError(f"tag must lie in [0, 25), got {tag}", "tag")
         self.tag = tag  # keeps the links and cgroups of services side by side apart
-        self.weighted_parts = weighted_parts
         self.indptr, self.indices = graph.csr()
         self.features = np.array(features, np.float32)
         self.world = 1 if mode == "cloud" else len(nodes)
@@ -126,25 +123,34 @@ class FogService:
         self.quotas_on = testbed and support.cpu_quota is None and mode != "cloud"
         if testbed and not (self.shaped and (self.quotas_on or mode == "cloud")):
             log.warning("testbed incomplete: %s", support)
-        self.links = self._links(support.netem)
-        self.fabric = self._fabric(support.netem)
         degrees = np.diff(self.indptr)
         self.bits = (
             bits_per_vertex(degrees, DaqConfig.for_degrees(degrees, daq_bits))
             if mode == "fograph"
             else None
         )
+        self.placement = FogPlacement(
+            self.indptr,
+            self.indices,
+            self.features,
+            self.bits,
+            model.config.num_layers,
+            self.assign,
+            mode == "fograph" and weighted_parts,
+            seed,
+        )
         self.version, self._round = 0, 0
         self._over = np.zeros(len(nodes), bool)  # fogs past the slack in the last round
         self.fleet: DeviceFleet | None = None
         # contiguous blocks until the plan (the profile runs the same subgraphs on every node)
         blocks = np.arange(graph.num_nodes) * self.world // graph.num_nodes
-        self.cluster = FogCluster(
-            model, graph, self.features, blocks, self.world, fabric=self.fabric
-        )
-        try:
+        try:  # close() undoes whatever part of the set-up was done
+            self._open_links(support.netem)
+            self.fabric = self._fabric(support.netem)
+            self.cluster = FogCluster(
+                model, graph, self.features, blocks, self.world, fabric=self.fabric
+            )
             self.quotas = self._quotas()
-            self.specs = self._profile() if mode != "cloud" else []
             self.membership = self._initial_plan(blocks)
             hosts: list[str | list[str]] = [self._host(j) for j in range(self.world)]
             self.ports = self.cluster.listen(hosts, groups=self._groups_per_fog())
@@ -158,13 +164,14 @@ class FogService:
 
     # ------------------------------------------------------------------ set-up
 
-    def _links(self, netem: bool) -> list[Link | None]:
+    def _open_links(self, netem: bool) -> None:
+        """``self.links``: one per device group's path (kept as each opens, for close())."""
         presets = [PRESETS[n.link] for n in self.nodes]
         if self.mode == "cloud":  # every device group over one path to the cloud
             presets = [cloud_path(self.nodes[0].link)]
-        if not self.shaped:
-            return [None] * len(presets)
-        return [Link(10 * self.tag + i, p, netem) for i, p in enumerate(presets)]
+        self.links: list[Link | None] = []
+        for i, preset in enumerate(presets):
+            self.links.append(Link(10 * self.tag + i, preset, netem) if self.shaped else None)
 
     def _fabric(self, netem: bool) -> FogFabric | None:
         if not self.shaped or self.world == 1:
@@ -184,39 +191,15 @@ class FogService:
             quotas.append(quota)
         return quotas
 
-    def _profile(
-        self, sizes: tuple[float, ...] = (0.05, 0.1, 0.2, 0.3), per_size: int = 4
-    ) -> list[FogSpec]:
-        """Offline profile: every node times the same calibration subgraphs (Eq. 3 fit), and
-        every uplink's rate is measured."""
-        n = self.graph.num_nodes
-
-        def time_all(vertices: np.ndarray) -> list[float]:
-            member = np.ones(n, np.int64)
-            member[vertices] = 0
-            degree = self.cluster.gcn_degree
-            part = build_fog_partitions(self.indptr, self.indices, member, 2, degree)[0]
-            rows = np.concatenate([part.owned, part.halo])
-            return self.cluster.time_subgraph(part, self.features[rows], repeats=2)
-
-        rng = np.random.default_rng(self.seed)
-        counts = [max(1, int(s * n)) for s in sizes]
-        models, self.vertex_ms = profile_cluster(
-            time_all, self.indptr, self.indices, counts, rng, per_size
-        )
-        for node, model in zip(self.nodes, models, strict=True):
-            log.info(
-                "fog %s: omega = %.2e |V| + %.2e |N| + %.2f ms",
-                node.name,
-                model.beta_v,
-                model.beta_n,
-                model.eps,
-            )
-        rates = self._uplink_rates()
-        return [
-            FogSpec(node.name, rate, model)
-            for node, rate, model in zip(self.nodes, rates, models, strict=True)
-        ]
+    def _time_all(self, vertices: np.ndarray) -> list[float]:
+        """ms of the model on the calibration subgraph ``vertices`` on every node, one at a
+        time (the profiler's measurement)."""
+        member = np.ones(self.graph.num_nodes, np.int64)
+        member[vertices] = 0
+        degree = self.cluster.gcn_degree
+        part = build_fog_partitions(self.indptr, self.indices, member, 2, degree)[0]
+        rows = np.concatenate([part.owned, part.halo])
+        return self.cluster.time_subgraph(part, self.features[rows], repeats=2)
 
     def _uplink_rates(self) -> list[float]:
         """Each node's device uplink in bytes/s: measured over its shaped link (all links at
@@ -230,46 +213,14 @@ class FogService:
         log.info("fog uplinks: %s Mbit/s", [round(r * 8 / 1e6, 1) for r in self.uplink_rates])
         return self.uplink_rates
 
-    def _phi(self) -> float:
-        """Bytes per vertex upload (Eq. 5's phi) as this mode sends it: DAQ + LZ4 measured on
-        up to 2,000 rows (fograph), raw float32 otherwise."""
-        if self.bits is None:
-            return self.features.shape[1] * 4.0
-        rows = np.sort(np.random.default_rng(self.seed).permutation(self.features.shape[0])[:2000])
-        return len(pack(self.features[rows], self.bits[rows])) / rows.size
-
-    def _parts(self, phi: float) -> np.ndarray:
-        """METIS parts for the mapping: in fograph mode (``weighted_parts``) sized so that every
-        node's upload + compute per vertex (Eq. 8's terms: ``phi / b_j`` and the profiled ms
-        per vertex) sums to the same time; equal otherwise (Fograph's IEP; the straw-man)."""
-        weights = None
-        if self.mode == "fograph" and self.weighted_parts:
-            upload_ms = np.array([phi / s.bandwidth * 1e3 for s in self.specs])
-            weights = np.sort(1.0 / (self.vertex_ms + upload_ms))  # the mapping picks the node
-        return metis_parts(self.indptr, self.indices, self.world, self.seed, weights)
-
     def _initial_plan(self, blocks: np.ndarray) -> np.ndarray:
         if self.mode == "cloud":
             return blocks  # one node: every vertex on it
-        phi = self._phi()
-        membership = self._parts(phi)
-        assign, layers = self.assign, self.model.config.num_layers
-        placed = plan(
-            self.indptr,
-            self.indices,
-            self.specs,
-            phi,
-            layers,
-            0.0,
-            assign,
-            self.seed,
-            parts=membership,
-        )
-        self.version = self.cluster.apply(placed.membership)
-        log.info(
-            "fog plan (%s): predicted %s ms", assign, np.round(placed.predicted_ms, 1).tolist()
-        )
-        return placed.membership
+        names = [node.name for node in self.nodes]
+        self.placement.profile(names, self._time_all, self._uplink_rates())
+        membership = self.placement.initial()
+        self.version = self.cluster.apply(membership)
+        return membership
 
     def _host(self, fog: int) -> str:
         link = self.links[fog]  # the cloud (one fog) has one link, shared by every group
@@ -352,32 +303,7 @@ class FogService:
 
     def _replan(self, times: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """IEP with every node's model rescaled by this round's load factor."""
-        member = self.membership
-        sizes = np.bincount(member, minlength=self.world)
-        halos = halo_sizes(self.indptr, self.indices, member, self.world)
-        self.specs = [
-            FogSpec(
-                s.name, s.bandwidth, s.model.observed(int(sizes[j]), int(halos[j]), float(times[j]))
-            )
-            for j, s in enumerate(self.specs)
-        ]
-        self.vertex_ms = np.array(
-            [
-                max(float(s.model.predict(sizes.mean(), halos.mean())), 1e-6) / sizes.mean()
-                for s in self.specs
-            ]
-        )
-        phi = self._phi()
-        placed = plan(
-            self.indptr,
-            self.indices,
-            self.specs,
-            phi,
-            self.model.config.num_layers,
-            assign=self.assign,
-            parts=self._parts(phi),
-        )
-        return placed.membership, placed.predicted_ms
+        return self.placement.replan(self.membership, times)
 
     def set_cores(self, node: int, cores: float) -> None:
         """Change node ``node``'s CPU quota (a background-load change) at once."""
