@@ -144,7 +144,8 @@ def schedule(
       the mean;
     - ``previous`` (the last decision's ``over``): with it, a fog whose skew is below
       ``surge`` x slack counts only when it was past the slack in the previous round too; a
-      surge (a real load change) acts at once."""
+      surge (a real load change) acts at once, and its diffusion evens the pair in one step
+      (undamped)."""
     if slack <= 1.0 or skew_threshold <= 0 or min_excess_ms < 0 or not 0 < damping <= 1:
         raise InvalidInputError(
             "need slack > 1, skew threshold > 0, min_excess_ms >= 0 and damping in (0, 1]",
@@ -161,8 +162,10 @@ def schedule(
     if overloaded == 0:
         return Decision("keep", current.copy(), np.empty(0, np.int64), mu, times.copy(), over)
     if overloaded / mu.size <= skew_threshold:
+        # a surge (a real load change, not noise) is evened in one step
+        step = 1.0 if (mu > surge * slack).any() else damping
         member, moved, predicted = diffusion(
-            adjacency, current, times, slack, damping=damping, work=work
+            adjacency, current, times, slack, damping=step, work=work
         )
         return Decision("diffusion", member, moved, mu, predicted, over)
     member, predicted = replan(times)
