@@ -137,3 +137,15 @@ def test_a_small_skew_must_show_twice_and_a_surge_acts_at_once() -> None:
     quiet = np.zeros(4, bool)
     assert schedule(adjacency, membership, surge, _never, previous=quiet).mode == "diffusion"
     assert schedule(adjacency, membership, noisy, _never).mode == "diffusion"  # no history
+
+
+def test_a_surge_is_evened_in_one_undamped_step() -> None:
+    adjacency, membership = _setup()
+    per_vertex = np.array([0.05, 0.05, 0.05, 0.05])
+    per_vertex[2] *= 4  # mu 2.29, above 2 x slack (2.2): a surge
+    times = _true_times(membership, per_vertex)
+    surge = schedule(adjacency, membership, times, _never, slack=1.1, damping=0.5)
+    full = schedule(adjacency, membership, times, _never, slack=1.1, damping=1.0)
+    np.testing.assert_array_equal(surge.membership, full.membership)
+    mild = schedule(adjacency, membership, times, _never, slack=1.1, damping=0.5, surge=3.0)
+    assert mild.moved.size < full.moved.size  # below 3 x slack the step stays damped
