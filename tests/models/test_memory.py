@@ -4,6 +4,8 @@ function and on real GCN forwards; its files round-trip and refuse another model
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -132,8 +134,10 @@ def test_load_refuses_another_model(fitted, small_store: Path, tmp_path: Path) -
         MemoryPredictor.load(ckpt)
 
 
-def test_profile_real_gcn_forwards(small_store: Path) -> None:
-    graph, features = open_graph_store(small_store), open_feature_store(small_store)
+def real_gcn_held_out(store: str) -> dict[str, float]:
+    """Profile 72 real GCN forwards on ``store``, fit on 54, and return the held-out errors and
+    the peaks' range (run by the test in a fresh process: see there)."""
+    graph, features = open_graph_store(store), open_feature_store(store)
     torch.manual_seed(0)
     config = ModelConfig(arch="gcn", in_dim=16, hidden_dim=128, out_dim=4, num_layers=2)
     runner = ModelRunner(GNN(config), "gcn-test")
@@ -155,8 +159,26 @@ def test_profile_real_gcn_forwards(small_store: Path) -> None:
     predictor = MemoryPredictor(2).fit(X[:54], y[:54], validation=(X[54:], y[54:]))
     held_out = predictor.info.held_out
     assert held_out is not None
+    return {**held_out, "min_mib": float(y.min() / MB), "max_mib": float(y.max() / MB)}
+
+
+def test_profile_real_gcn_forwards(small_store: Path) -> None:
+    # VmHWM is the process's: in the suite's process, threads other tests left running
+    # (servers, pools) allocate during a measurement, so it runs in a fresh interpreter, as a
+    # serverless profiler's worker does
+    code = (
+        "import json, sys; from tests.models.test_memory import real_gcn_held_out; "
+        "print(json.dumps(real_gcn_held_out(sys.argv[1])))"
+    )
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(small_store)],
+        cwd=root, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    held_out = json.loads(done.stdout.strip().splitlines()[-1])
     print(
-        f"real GCN peaks {y.min() / MB:.2f}-{y.max() / MB:.2f} MiB; held-out mean rel error "
-        f"{held_out['mean_rel_error']:.3f}, max {held_out['max_rel_error']:.3f}"
+        f"real GCN peaks {held_out['min_mib']:.2f}-{held_out['max_mib']:.2f} MiB; held-out mean "
+        f"rel error {held_out['mean_rel_error']:.3f}, max {held_out['max_rel_error']:.3f}"
     )
     assert held_out["mean_rel_error"] < 0.5
