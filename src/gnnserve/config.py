@@ -234,7 +234,7 @@ class DeployConfig(_Strict):
     fetch: str = Field("ondemand", description="faas: ondemand | full (download at cold start)")
     cache: bool = Field(True, description="faas: adaptive feature cache in inference instances")
     max_instances: int | None = Field(None, ge=1, le=1024, description="faas: per function")
-    nodes: str = Field("", description="fog: YAML file of the fog nodes (name, cores, link)")
+    nodes: str = Field("", description="fog: YAML of the nodes (name, cores, link, fog_link)")
     fog_mode: str = Field("fograph", description="fog: fograph | strawman | cloud")
 
 
