@@ -12,7 +12,6 @@ exchange over ``repeats`` exchanges, the slowest fog's.
 from __future__ import annotations
 
 import itertools
-import socket
 import threading
 import time
 from datetime import timedelta
@@ -25,6 +24,7 @@ import torch.distributed as dist
 
 from common import median_range
 from fog_data import BenchGraph
+from gnnserve.deploy.cgp.exchange import free_port
 from gnnserve.deploy.fog.partition import build_fog_partitions
 from gnnserve.deploy.fog.planner import metis_parts
 
@@ -86,12 +86,6 @@ class Peer:
         return (time.perf_counter() - t0) * 1e3 / repeats
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def run_exchange(
     bench: BenchGraph, dims: tuple[int, ...] = (16, 64, 256), rounds: int = 5, repeats: int = 20
 ) -> dict[str, Any]:
@@ -103,7 +97,7 @@ def run_exchange(
     parts = build_fog_partitions(indptr, indices, member, world, degree)
     sends = [[int(r.size) for r in p.send_rows] for p in parts]
     peers = [Peer.remote(j, world, sends[j], list(parts[j].halo_counts)) for j in range(world)]
-    port = _free_port()
+    port = free_port()
     ray.get([p.connect.remote(port, peers) for p in peers])
     rows_out = sum(sum(s) - s[j] for j, s in enumerate(sends))
     out: dict[str, Any] = {"graph": bench.name, "fogs": world, "rows_exchanged": rows_out}

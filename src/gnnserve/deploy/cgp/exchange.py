@@ -3,13 +3,21 @@
 from __future__ import annotations
 
 import math
+import socket
 from collections import defaultdict
 from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
 
-__all__ = ["Exchange"]
+__all__ = ["Exchange", "free_port"]
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (a gloo group's rendezvous)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 class Exchange:

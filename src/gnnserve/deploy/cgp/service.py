@@ -15,7 +15,6 @@ every candidate, which CGP never builds.
 from __future__ import annotations
 
 import contextlib
-import socket
 import threading
 import time
 from typing import TYPE_CHECKING, Any
@@ -24,6 +23,7 @@ import numpy as np
 import ray
 import torch
 
+from gnnserve.deploy.cgp.exchange import free_port
 from gnnserve.deploy.cgp.partition import build_partitions, split_request
 from gnnserve.deploy.cgp.worker import CGPWorker, RunSpec, WorkerOutput
 from gnnserve.deploy.ray import start_ray, stop_ray
@@ -66,13 +66,6 @@ def _sum_counts(counts: list[dict[str, int]]) -> dict[str, int]:
     return out
 
 
-def _free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago (the gloo rendezvous)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 class CGPService:
     """P workers answering new-node requests with SRPE + computation graph parallelism.
 
@@ -113,7 +106,7 @@ class CGPService:
         self._owns_ray = start_ray(num_cpus or self.num_workers)
         self._workers: list[Any] = [_WorkerActor.remote(p, layers, threads) for p in parts]
         try:
-            port = _free_port()
+            port = free_port()
             ray.get([w.connect.remote(port, timeout_s) for w in self._workers])
         except BaseException:
             self.close()

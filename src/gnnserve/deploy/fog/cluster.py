@@ -11,7 +11,6 @@ lock, so a round never sees half a placement.
 from __future__ import annotations
 
 import contextlib
-import socket
 import threading
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +18,7 @@ from typing import Any
 import numpy as np
 import ray
 
+from gnnserve.deploy.cgp.exchange import free_port
 from gnnserve.deploy.fog.links import FABRIC_IFNAME, FogFabric
 from gnnserve.deploy.fog.node import FabricSeat, FogNode, NodeRound
 from gnnserve.deploy.fog.partition import build_fog_partitions, check_membership, local_rows
@@ -38,12 +38,6 @@ class ClusterRound:
     nodes: list[NodeRound]  # by fog rank
     plan_version: int  # placement version the round ran on
     embedding: np.ndarray | None = None  # float32 [N, H]: every vertex's last-layer input
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _seat(fabric: FogFabric | None, fog: int) -> FabricSeat | None:
@@ -98,7 +92,7 @@ class FogCluster:
             for p, opt in zip(parts, options, strict=True)
         ]
         try:
-            port = _free_port()
+            port = free_port()
             seats = [_seat(fabric, j) for j in range(self.world)]
             ray.get(
                 [
@@ -115,9 +109,9 @@ class FogCluster:
             self.indptr, self.indices, membership, self.world, self.gcn_degree
         )
 
-    def listen(self, hosts: list[str | list[str]], groups: int = 1) -> list[int]:
-        """Every fog receives uploads on its ``hosts[j]`` (an address or several; ``groups``
-        device groups each); returns the ports."""
+    def listen(self, hosts: list[str], groups: int = 1) -> list[int]:
+        """Every fog receives uploads on its address ``hosts[j]`` (``groups`` device groups
+        each); returns the ports."""
         return ray.get(
             [n.listen.remote(h, groups) for n, h in zip(self._nodes, hosts, strict=True)]
         )

@@ -257,10 +257,6 @@ class FogFabric:
         """One-way delay fog ``fog`` adds before each exchange (0 where netem delays)."""
         return 0.0 if self.netem else self.presets[fog].delay_ms
 
-    def set_rate(self, fog: int, rate_mbit: float) -> None:
-        """Shape fog ``fog``'s sending side to ``rate_mbit`` Mbit/s (a bandwidth change)."""
-        _shape(self.namespaces[fog], FABRIC_IFNAME, self.presets[fog], self.netem, rate_mbit, False)
-
     def sent_bytes(self, fog: int) -> int:
         """Bytes fog ``fog`` has sent over the fabric (its interface's tx counter)."""
         path = f"/sys/class/net/{FABRIC_IFNAME}/statistics/tx_bytes"

@@ -94,7 +94,7 @@ class FogNode:
         self.features = torch.from_numpy(np.array(features, np.float32))
         return int(part.owned.size)
 
-    def listen(self, host: str | list[str], groups: int = 1) -> int:
+    def listen(self, host: str, groups: int = 1) -> int:
         """Receive device uploads on ``host`` (any free port, returned); ``groups`` device
         groups upload each round. The receiver's threads write the rows as chunks arrive."""
         self.receiver = Receiver(host, self._apply, groups)

@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from gnnserve.deploy.fog.planner import FogSpec, metis_parts, plan
+from gnnserve.deploy.fog.planner import ExecutionPlan, FogSpec, metis_parts, plan
 from gnnserve.deploy.fog.profiler import halo_sizes, profile_cluster
 from gnnserve.features.codecs import pack
 
@@ -93,20 +93,24 @@ class FogPlacement:
             weights = np.sort(1.0 / (self.vertex_ms + upload_ms))  # the mapping picks the node
         return metis_parts(self.indptr, self.indices, len(self.specs), self.seed, weights)
 
-    def initial(self) -> np.ndarray:
-        """Algorithm 1 on the profiled nodes: the membership (fog of each vertex)."""
+    def _plan(self) -> ExecutionPlan:
+        """Algorithm 1 on the current specs: METIS parts sized by :meth:`parts`, then the
+        mapping by ``assign``."""
         phi = self.phi()
-        placed = plan(
+        return plan(
             self.indptr,
             self.indices,
             self.specs,
             phi,
             self.layers,
-            0.0,
-            self.assign,
-            self.seed,
+            assign=self.assign,
+            seed=self.seed,
             parts=self.parts(phi),
         )
+
+    def initial(self) -> np.ndarray:
+        """Algorithm 1 on the profiled nodes: the membership (fog of each vertex)."""
+        placed = self._plan()
         predicted = np.round(placed.predicted_ms, 1).tolist()
         log.info("fog plan (%s): predicted %s ms", self.assign, predicted)
         return placed.membership
@@ -127,14 +131,5 @@ class FogPlacement:
         self.vertex_ms = np.array(
             [max(float(s.model.predict(mean_size, mean_halo)), 1e-6) for s in self.specs]
         ) / max(mean_size, 1.0)
-        phi = self.phi()
-        placed = plan(
-            self.indptr,
-            self.indices,
-            self.specs,
-            phi,
-            self.layers,
-            assign=self.assign,
-            parts=self.parts(phi),
-        )
+        placed = self._plan()
         return placed.membership, placed.predicted_ms

@@ -152,7 +152,7 @@ class FogService:
             )
             self.quotas = self._quotas()
             self.membership = self._initial_plan(blocks)
-            hosts: list[str | list[str]] = [self._host(j) for j in range(self.world)]
+            hosts = [self._host(j) for j in range(self.world)]
             self.ports = self.cluster.listen(hosts, groups=self._groups_per_fog())
             self._start_groups()
             self.adjacency = symmetric_adjacency(self.indptr, self.indices)
@@ -205,13 +205,10 @@ class FogService:
         """Each node's device uplink in bytes/s: measured over its shaped link (all links at
         once; each has its own shaper), the preset's rate without a testbed."""
         shaped = [link for link in self.links if link is not None]
-        if len(shaped) < len(self.nodes):
-            self.uplink_rates = [PRESETS[node.link].rate_mbit * 1e6 / 8 for node in self.nodes]
-        else:
+        if len(shaped) == len(self.nodes):
             with ThreadPoolExecutor(len(shaped)) as pool:
-                self.uplink_rates = list(pool.map(measure_rate, shaped))
-        log.info("fog uplinks: %s Mbit/s", [round(r * 8 / 1e6, 1) for r in self.uplink_rates])
-        return self.uplink_rates
+                return list(pool.map(measure_rate, shaped))
+        return [PRESETS[node.link].rate_mbit * 1e6 / 8 for node in self.nodes]
 
     def _initial_plan(self, blocks: np.ndarray) -> np.ndarray:
         if self.mode == "cloud":

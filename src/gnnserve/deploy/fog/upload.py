@@ -83,33 +83,29 @@ def read_chunk(conn: socket.socket) -> tuple[int, int, int, int, np.ndarray] | N
 
 
 class Receiver:
-    """Accepts device-group connections on ``host`` (one address, or several: one listening
-    socket each, the same port where it is free on all) and applies every chunk through
+    """Accepts device-group connections on ``host`` and applies every chunk through
     ``apply(start_row, values)`` on its own threads; :meth:`wait` blocks until a round's chunks
     from ``groups`` connections have all arrived."""
 
     def __init__(
         self,
-        host: str | list[str],
+        host: str,
         apply: Callable[[int, np.ndarray], None],
         groups: int = 1,
         port: int = 0,
     ) -> None:
         self.apply, self.groups = apply, groups
-        hosts = [host] if isinstance(host, str) else list(host)
-        self._servers = [socket.create_server((hosts[0], port))]
-        self.port = int(self._servers[0].getsockname()[1])
-        self._servers += [socket.create_server((h, self.port)) for h in hosts[1:]]
+        self._server = socket.create_server((host, port))
+        self.port = int(self._server.getsockname()[1])
         self._done: dict[int, int] = {}  # round -> completed group uploads
         self._cond = threading.Condition()
         self.errors: list[str] = []
-        for server in self._servers:
-            threading.Thread(target=self._accept, args=(server,), daemon=True).start()
+        threading.Thread(target=self._accept, daemon=True).start()
 
-    def _accept(self, server: socket.socket) -> None:
+    def _accept(self) -> None:
         while True:
             try:
-                conn, _ = server.accept()
+                conn, _ = self._server.accept()
             except OSError:
                 return  # closed
             threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
@@ -151,8 +147,7 @@ class Receiver:
 
     def close(self) -> None:
         """Stop accepting."""
-        for server in self._servers:
-            server.close()
+        self._server.close()
 
 
 def device_main(argv: list[str] | None = None) -> int:
