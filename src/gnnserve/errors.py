@@ -2,6 +2,28 @@
 
 from __future__ import annotations
 
+ECHO_CHARS = 64  # longest client string quoted back in an error message
+MAX_MESSAGE_CHARS = 512  # longest error message answered (the rest is cut)
+
+
+def echo(value: object, limit: int = ECHO_CHARS) -> str:
+    """``repr(value)`` cut to about ``limit`` characters, saying how long it was.
+
+    Every message that quotes a client's value quotes it through this."""
+    if isinstance(value, str) and len(value) > limit:
+        return f"{value[:limit]!r}... ({len(value)} chars)"
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} chars)"
+
+
+def cut(text: str, limit: int) -> str:
+    """``text`` when at most ``limit`` characters, else its start plus how long it was, the
+    whole at most ``limit`` characters."""
+    if len(text) <= limit:
+        return text
+    suffix = f"... ({len(text)} chars)"
+    return text[: max(0, limit - len(suffix))] + suffix
+
 
 class GnnServeError(Exception):
     """Base class of every error gnnserve raises on purpose.

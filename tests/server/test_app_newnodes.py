@@ -116,6 +116,37 @@ def test_bad_new_node_bodies_get_4xx_naming_the_field(pe_server, body, status, f
     assert _predict(pe_server, new_nodes=NEW_NODES).status_code == 200
 
 
+def test_negative_seeds_draw_as_their_twos_complement(pe_server) -> None:
+    # gamma 0.4 recomputes 2 of the 5 candidates: the random policy's draw decides which
+    body = {"new_nodes": NEW_NODES, "output": "probs", "policy": "random", "gamma": 0.4}
+    answers = {}
+    for seed in (-1, 2**64 - 1, -(2**63), 2**63, 0):
+        r = _predict(pe_server, **body, seed=seed)
+        assert r.status_code == 200, (seed, r.text)
+        assert 0 < r.json()["recomputed"] < r.json()["num_candidates"]
+        answers[seed] = r.json()["predictions"]
+    assert answers[-1] == answers[2**64 - 1] and answers[-(2**63)] == answers[2**63]
+    oip = {
+        "inputs": _oip_inputs(),
+        "outputs": [{"name": "probs"}],
+        "parameters": {"policy": "random", "gamma": 0.4, "seed": -1},
+    }
+    r = httpx.post(f"{pe_server}/v2/models/sage/infer", json=oip)
+    assert r.status_code == 200, r.text
+    assert r.json()["outputs"][0]["data"] == [v for row in answers[-1] for v in row]
+    ns = {"new_nodes": NEW_NODES, "output": "probs", "mode": "ns", "fanouts": [2, 2]}
+    r1, r2 = (_predict(pe_server, **ns, seed=s) for s in (-5, 2**64 - 5))
+    assert r1.status_code == r2.status_code == 200, r1.text
+    assert r1.json()["predictions"] == r2.json()["predictions"]
+
+
+@pytest.mark.parametrize("seed", [2**64, -(2**63) - 1, 10**30])
+def test_seeds_beyond_64_bits_are_400(pe_server, seed: int) -> None:
+    r = _predict(pe_server, new_nodes=NEW_NODES, policy="random", seed=seed)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["field"] == "seed" and "64-bit" in r.json()["error"]["message"]
+
+
 def test_non_finite_features_are_400(pe_server) -> None:
     body = json.dumps(_with(features=[[float("nan")] * 16]))  # Python's json writes NaN
     r = httpx.post(

@@ -17,7 +17,13 @@ import pytest
 
 from gnnserve.demo import free_port, start_server, stop_server, wait_ready
 from gnnserve.engine.loader import build_engine
-from gnnserve.server.limits import BASE_BODY_BYTES, PARSE_INLINE_BYTES, default_body_limit, echo
+from gnnserve.errors import ECHO_CHARS, MAX_MESSAGE_CHARS, InvalidInputError, cut, echo
+from gnnserve.server.limits import (
+    BASE_BODY_BYTES,
+    PARSE_INLINE_BYTES,
+    default_body_limit,
+    error_json,
+)
 from gnnserve.server.schemas import PredictRequest
 from tests.engine.test_engine_newnodes import config
 from tests.server.conftest import serving
@@ -215,6 +221,63 @@ def test_long_names_and_fields_are_not_echoed_in_full(live_server: str) -> None:
             assert r.json()["error"]["field"] == field
     r = httpx.get(f"{live_server}/v2/models/{'n' * 8000}", timeout=30)
     assert r.status_code == 404 and len(r.content) < SHORT
+
+
+_LONG = "x" * 600
+_NEW = {"new_nodes": {"features": [[0.5] * 16], "edges": [[0, 1]]}}
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "field"),
+    [
+        ("/v1/predict", {"nodes": [1], "output": _LONG}, "output"),
+        ("/v1/predict", {**_NEW, "mode": _LONG}, "mode"),
+        ("/v1/predict", {**_NEW, "policy": _LONG}, "policy"),
+        ("/v1/predict", {**_NEW, "seed": 10**600}, "seed"),
+        ("/v2/models/sage/infer", {"inputs": [_IDS], "outputs": [{"name": _LONG}]}, "outputs"),
+        (
+            "/v2/models/sage/infer",
+            {
+                "inputs": [
+                    {
+                        "name": "new_node_features",
+                        "shape": [1, 16],
+                        "datatype": "FP32",
+                        "data": [0.5] * 16,
+                    },
+                    {
+                        "name": "new_node_edges",
+                        "shape": [1, 2],
+                        "datatype": "INT64",
+                        "data": [0, 1],
+                    },
+                ],
+                "parameters": {"gamma": _LONG},
+            },
+            "gamma",
+        ),  # fmt: skip
+    ],
+)
+def test_messages_stay_within_the_bound_and_cut_client_strings(
+    pe_server: str, path: str, body: dict[str, object], field: str
+) -> None:
+    r = httpx.post(f"{pe_server}{path}", json=body, timeout=30)
+    assert r.status_code == 400, r.text[:300]
+    err = r.json()["error"]
+    assert err["field"] == field
+    assert len(err["message"]) <= MAX_MESSAGE_CHARS, len(err["message"])
+    longest_run = max((len(run) for run in err["message"].split("'")), default=0)
+    assert "x" * (ECHO_CHARS + 1) not in err["message"] and "9" * 65 not in err["message"]
+    assert longest_run <= 2 * ECHO_CHARS + 64, err["message"]
+
+
+def test_error_json_cuts_long_messages_to_the_bound() -> None:
+    exc = InvalidInputError("y" * 5000, "z" * 500)
+    err = error_json(exc)["error"]
+    assert isinstance(err, dict)
+    assert len(err["message"]) == MAX_MESSAGE_CHARS and err["message"].endswith("(5000 chars)")
+    assert len(err["field"]) == 2 * ECHO_CHARS and err["field"].endswith("(500 chars)")
+    assert cut("short", 10) == "short"
 
 
 def test_echo_and_default_limit() -> None:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from gnnserve.config import EmbeddingsConfig
-from gnnserve.errors import InvalidInputError, TooManyNodesError
+from gnnserve.errors import InvalidInputError, TooManyNodesError, echo
 from gnnserve.fanouts import check_fanouts
 from gnnserve.graph.base import GraphStore
 from gnnserve.newnodes.inference import check_mode
@@ -78,7 +78,7 @@ def check_output(output: object) -> OutputKind:
     except ValueError:
         kinds = [k.value for k in OutputKind]
         raise InvalidInputError(
-            f"unknown output {output!r}; choose one of {kinds}", "output"
+            f"unknown output {echo(output)}; choose one of {kinds}", "output"
         ) from None
 
 

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from gnnserve.embeddings.base import EmbeddingStore, check_importance, check_serving_stores
-from gnnserve.errors import InvalidInputError
+from gnnserve.errors import InvalidInputError, echo
 from gnnserve.features.base import FeatureStore
 from gnnserve.graph.base import GraphStore
 from gnnserve.models.zoo import GNN
@@ -36,6 +36,7 @@ from gnnserve.newnodes.policies import (
     PolicyInputs,
     budget,
     importance_scores,
+    seed_bits,
     select_targets,
 )
 from gnnserve.newnodes.result import (
@@ -69,7 +70,7 @@ MODES: Registry[NewNodeResult] = Registry("mode")
 def check_mode(mode: object) -> str:
     """``mode`` when it names one of :data:`MODES`, else InvalidInputError naming ``mode``."""
     if not isinstance(mode, str) or mode not in MODES.names():
-        raise InvalidInputError(f"unknown mode {mode!r}; choose one of {MODES.names()}", "mode")
+        raise InvalidInputError(f"unknown mode {echo(mode)}; choose one of {MODES.names()}", "mode")
     return mode
 
 
@@ -222,7 +223,7 @@ class NewNodeInference:
             view.indices,
             seeds,
             np.asarray(fanouts, dtype=np.int64),
-            np.uint64(seed & 0xFFFFFFFFFFFFFFFF),
+            np.uint64(seed_bits(seed)),
             view.local_id,
         )
         return to_subgraph(out, len(fanouts))

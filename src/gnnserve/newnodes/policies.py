@@ -19,10 +19,18 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gnnserve.errors import InvalidInputError
+from gnnserve.errors import InvalidInputError, echo
 from gnnserve.registry import Registry
 
 DEFAULT_POLICY = "query_edges_ratio"
+SEED_MIN, SEED_MAX = -(1 << 63), (1 << 64) - 1  # a seed is any 64-bit integer, signed or not
+_SEED_MASK = (1 << 64) - 1
+
+
+def seed_bits(seed: int) -> int:
+    """The unsigned 64-bit value of a seed (two's complement for a negative one): the value
+    every generator is seeded with, so -1 and 2^64 - 1 draw the same."""
+    return int(seed) & _SEED_MASK
 
 
 @dataclass(frozen=True)
@@ -66,7 +74,7 @@ def _importance(cands: Candidates, inputs: PolicyInputs) -> np.ndarray:
 
 @POLICIES.register("random")
 def _random(cands: Candidates, inputs: PolicyInputs) -> np.ndarray:
-    return np.random.default_rng(inputs.seed).random(cands.count)
+    return np.random.default_rng(seed_bits(inputs.seed)).random(cands.count)
 
 
 @POLICIES.register("oracle")
@@ -79,7 +87,7 @@ def _oracle(cands: Candidates, inputs: PolicyInputs) -> np.ndarray:
 def check_gamma(gamma: object) -> float:
     """``gamma`` as a float in [0, 1], else InvalidInputError naming ``gamma``."""
     if isinstance(gamma, bool) or not isinstance(gamma, int | float) or not 0.0 <= gamma <= 1.0:
-        raise InvalidInputError(f"gamma must be a number in [0, 1], got {gamma!r}", "gamma")
+        raise InvalidInputError(f"gamma must be a number in [0, 1], got {echo(gamma)}", "gamma")
     return float(gamma)
 
 
@@ -87,7 +95,7 @@ def check_policy(policy: object) -> str:
     """``policy`` when it names one of :data:`POLICIES`, else InvalidInputError naming it."""
     if not isinstance(policy, str) or policy not in POLICIES.names():
         raise InvalidInputError(
-            f"unknown policy {policy!r}; choose one of {POLICIES.names()}", "policy"
+            f"unknown policy {echo(policy)}; choose one of {POLICIES.names()}", "policy"
         )
     return policy
 

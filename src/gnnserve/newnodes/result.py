@@ -12,9 +12,9 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import torch
 
-from gnnserve.errors import InvalidInputError
+from gnnserve.errors import InvalidInputError, echo
 from gnnserve.fanouts import check_fanouts
-from gnnserve.newnodes.policies import check_gamma, check_policy
+from gnnserve.newnodes.policies import SEED_MAX, SEED_MIN, check_gamma, check_policy
 from gnnserve.types import RequestOptions
 
 DEFAULT_MODE = "srpe"
@@ -94,9 +94,16 @@ class RunOptions:
 
 
 def check_seed(seed: object) -> int:
-    """The seed as a Python int; InvalidInputError naming ``seed`` otherwise."""
+    """The seed as a Python int in [-2^63, 2^64); InvalidInputError naming ``seed`` otherwise.
+
+    A seed is 64 bits: a negative one stands for its two's complement (-1 draws as 2^64 - 1,
+    see :func:`gnnserve.newnodes.policies.seed_bits`)."""
     if isinstance(seed, bool) or not isinstance(seed, int | np.integer):
-        raise InvalidInputError(f"seed must be an int, got {seed!r}", "seed")
+        raise InvalidInputError(f"seed must be an int, got {echo(seed)}", "seed")
+    if not SEED_MIN <= int(seed) <= SEED_MAX:
+        raise InvalidInputError(
+            f"seed must be a 64-bit integer in [{SEED_MIN}, {SEED_MAX}], got {echo(seed)}", "seed"
+        )
     return int(seed)
 
 

@@ -23,11 +23,11 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gnnserve.engine.engine import Engine
 from gnnserve.engine.placement import tier_stats
-from gnnserve.errors import GnnServeError, InvalidInputError, UnknownModelError
+from gnnserve.errors import GnnServeError, InvalidInputError, UnknownModelError, echo
 from gnnserve.server import oip
 from gnnserve.server.auth import ApiKeys, RequireApiKey
 from gnnserve.server.counting import CountRequests, RequestCounts
-from gnnserve.server.limits import BodyLimit, JsonBodyRoute, default_body_limit, echo, error_json
+from gnnserve.server.limits import BodyLimit, JsonBodyRoute, default_body_limit, error_json
 from gnnserve.server.metrics import ServerMetrics
 from gnnserve.server.schemas import (
     ErrorResponse,

@@ -8,7 +8,7 @@
   (A worker thread would not do: pydantic-core holds the GIL for most of a parse, and each
   request needs the GIL several times on its way through the loop and the engine.) Its long
   numeric lists come back as numpy arrays, which cost a copy to receive, not a parse.
-- :func:`echo` caps a client's string quoted back in an error message.
+- :func:`gnnserve.errors.echo` caps a client's string quoted back in an error message.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gnnserve.errors import GnnServeError
+from gnnserve.errors import ECHO_CHARS, MAX_MESSAGE_CHARS, GnnServeError, cut
 
 MIB = 1 << 20
 # The default limit admits the largest new-node request (EmbeddingsConfig.max_new_nodes rows of
@@ -43,8 +43,6 @@ JSON_BYTES_PER_FLOAT = 32
 BASE_BODY_BYTES = 16 * MIB
 PARSE_INLINE_BYTES = 1 * MIB  # larger bodies are parsed and validated in the parser process
 ARRAY_MIN_ITEMS = 256  # lists this long come back from the parser process as numpy arrays
-ECHO_CHARS = 64  # longest client string quoted back in an error message
-MAX_MESSAGE_CHARS = 512  # longest error message answered (the rest is cut)
 
 
 _CLOSE = (b"connection", b"close")
@@ -62,26 +60,18 @@ def default_body_limit(max_new_nodes: int, feature_dim: int) -> int:
     return BASE_BODY_BYTES + JSON_BYTES_PER_FLOAT * max_new_nodes * feature_dim
 
 
-def echo(value: object, limit: int = ECHO_CHARS) -> str:
-    """``repr(value)`` cut to about ``limit`` characters, saying how long it was."""
-    if isinstance(value, str) and len(value) > limit:
-        return f"{value[:limit]!r}... ({len(value)} chars)"
-    text = repr(value)
-    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} chars)"
-
-
 def error_json(exc: GnnServeError) -> dict[str, object]:
     """``exc.to_json()`` with its message and field cut to MAX_MESSAGE_CHARS / 2 * ECHO_CHARS.
 
-    The backstop for messages that quote a client's value without :func:`echo`.
+    The backstop for messages that quote a client's value without :func:`gnnserve.errors.echo`.
     """
     body = exc.to_json()
     error = body["error"]
     assert isinstance(error, dict)
     for key, limit in (("message", MAX_MESSAGE_CHARS), ("field", 2 * ECHO_CHARS)):
         value = error.get(key)
-        if isinstance(value, str) and len(value) > limit:
-            error[key] = f"{value[:limit]}... ({len(value)} chars)"
+        if isinstance(value, str):
+            error[key] = cut(value, limit)
     return body
 
 

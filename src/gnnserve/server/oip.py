@@ -18,8 +18,7 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
 from gnnserve.engine.engine import Engine
-from gnnserve.errors import InvalidInputError, UnknownModelError
-from gnnserve.server.limits import echo
+from gnnserve.errors import InvalidInputError, UnknownModelError, echo
 from gnnserve.server.metrics import ServerMetrics
 from gnnserve.server.schemas import InferRequest, InferResponse, InferTensor
 from gnnserve.types import OutputKind, Result

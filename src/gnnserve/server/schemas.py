@@ -14,7 +14,7 @@ from pydantic import (
     model_validator,
 )
 
-from gnnserve.server.limits import echo
+from gnnserve.errors import echo
 
 OutputName = Literal["label", "probs", "embedding"]
 
@@ -68,7 +68,9 @@ class PredictRequest(BaseModel):
         description="new_nodes only, mode srpe: query_edges_ratio | importance | random | oracle",
     )
     seed: StrictInt | None = Field(
-        None, description="new_nodes only: seed of mode ns and of the random policy (default 0)"
+        None,
+        description="new_nodes only: seed of mode ns and of the random policy (default 0), a "
+        "64-bit integer in [-2^63, 2^64): a negative seed draws as its two's complement",
     )
 
 
