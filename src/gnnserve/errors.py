@@ -29,20 +29,33 @@ class GnnServeError(Exception):
     """Base class of every error gnnserve raises on purpose.
 
     ``field`` names the input that was wrong (``None`` when not about one field);
-    ``http_status`` is the status the server answers with.
+    ``http_status`` is the status the server answers with; ``retry_after_s`` (seconds), when
+    set, is sent as a ``Retry-After`` header: the request may succeed if sent again then.
     """
 
     http_status = 500
     kind = "internal"
+    retry_after_s: float | None = None
 
-    def __init__(self, message: str, field: str | None = None) -> None:
+    def __init__(
+        self, message: str, field: str | None = None, retry_after_s: float | None = None
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.field = field
+        if retry_after_s is not None:
+            self.retry_after_s = retry_after_s
 
     def to_json(self) -> dict[str, object]:
         """The JSON error body: ``{"error": {"kind", "message", "field"}}``."""
         return {"error": {"kind": self.kind, "message": self.message, "field": self.field}}
+
+
+def internal_error(exc: BaseException) -> GnnServeError:
+    """The 500 a client gets for a bug or an unexpected failure: the exception's type only.
+
+    Its text may hold server paths, addresses or process ids: log it where this is called."""
+    return GnnServeError(f"internal error ({type(exc).__name__}); the server log has details")
 
 
 class InvalidInputError(GnnServeError, ValueError):
@@ -74,6 +87,18 @@ class OverloadedError(GnnServeError):
 
     http_status = 429
     kind = "overloaded"
+    retry_after_s = 1.0
+
+
+class WorkerFailedError(GnnServeError):
+    """A worker process serving this request died; it is being replaced: retry.
+
+    The message is generic on purpose (details such as actor ids and addresses go to the log).
+    """
+
+    http_status = 503
+    kind = "worker_failed"
+    retry_after_s = 1.0
 
 
 class DeadlineExceededError(GnnServeError):

@@ -155,8 +155,9 @@ def test_admit_refuses_when_the_predicted_queueing_delay_exceeds_the_budget() ->
     _measured(admission, 0.010, 8)  # 10 ms per batch of 8 nodes
     admitted = [admission.admit(_request(8)) for _ in range(5)]  # 0..40 ms ahead
     assert admission.backlog.queued == (40, 5)
-    with pytest.raises(OverloadedError, match="predicted queueing delay 50 ms"):
+    with pytest.raises(OverloadedError, match="predicted queueing delay 50 ms") as err:
         admission.admit(_request(8))  # 5 batches ahead: 50 ms > 45 ms
+    assert err.value.retry_after_s == pytest.approx(0.050, rel=1e-6)  # the predicted wait
     assert admission.in_flight == 5  # the refused one holds nothing
     for ticket in admitted:
         ticket.future.cancel()

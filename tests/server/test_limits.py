@@ -16,8 +16,18 @@ import psutil
 import pytest
 
 from gnnserve.demo import free_port, start_server, stop_server, wait_ready
+from gnnserve.deploy.faas.pool import InstanceFailedError
 from gnnserve.engine.loader import build_engine
-from gnnserve.errors import ECHO_CHARS, MAX_MESSAGE_CHARS, InvalidInputError, cut, echo
+from gnnserve.errors import (
+    ECHO_CHARS,
+    MAX_MESSAGE_CHARS,
+    InvalidInputError,
+    OverloadedError,
+    WorkerFailedError,
+    cut,
+    echo,
+)
+from gnnserve.server.app import error_response
 from gnnserve.server.limits import (
     BASE_BODY_BYTES,
     PARSE_INLINE_BYTES,
@@ -278,6 +288,20 @@ def test_error_json_cuts_long_messages_to_the_bound() -> None:
     assert len(err["message"]) == MAX_MESSAGE_CHARS and err["message"].endswith("(5000 chars)")
     assert len(err["field"]) == 2 * ECHO_CHARS and err["field"].endswith("(500 chars)")
     assert cut("short", 10) == "short"
+
+
+def test_retry_hints_become_retry_after_headers() -> None:
+    cases = [
+        (OverloadedError("busy", retry_after_s=2.3), 429, "3"),
+        (OverloadedError("queue full"), 429, "1"),
+        (InstanceFailedError("the instance died", "instance"), 503, "1"),
+        (WorkerFailedError("a worker died"), 503, "1"),
+        (InvalidInputError("bad", "nodes"), 400, None),
+    ]
+    for exc, status, retry_after in cases:
+        response = error_response(exc)
+        assert response.status_code == status, exc
+        assert response.headers.get("retry-after") == retry_after, exc
 
 
 def test_echo_and_default_limit() -> None:

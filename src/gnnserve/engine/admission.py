@@ -158,7 +158,8 @@ class Admission:
         if backlog is not None:
             reason, predicted = self.refusal(backlog, units, now, deadline)
             if reason is not None:
-                raise OverloadedError(reason)
+                assert predicted is not None
+                raise OverloadedError(reason, retry_after_s=predicted.wait_s)
         with self._lock:
             if self._in_flight >= self.config.max_queue_requests:
                 raise OverloadedError(

@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 
 from gnnserve.engine.batcher import STOP, Batch
-from gnnserve.errors import GnnServeError, InvalidInputError
+from gnnserve.errors import GnnServeError, InvalidInputError, internal_error
 
 log = logging.getLogger(__name__)
 
@@ -18,7 +18,7 @@ def fail_batch(batch: Batch, exc: BaseException) -> None:
     """Resolve every request of ``batch`` with ``exc`` (wrapped when it is not one of ours)."""
     if not isinstance(exc, GnnServeError):
         log.exception("batch failed", exc_info=exc)
-        exc = GnnServeError(f"internal error: {type(exc).__name__}: {exc}")
+        exc = internal_error(exc)
     for ticket in batch.tickets:
         if not ticket.future.done():
             ticket.future.set_exception(exc)

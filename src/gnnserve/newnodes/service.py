@@ -35,6 +35,7 @@ from gnnserve.errors import (
     MissingEmbeddingsError,
     ShuttingDownError,
     StaleEmbeddingsError,
+    internal_error,
 )
 from gnnserve.features.base import FeatureStore
 from gnnserve.graph.base import GraphStore
@@ -270,7 +271,7 @@ class NewNodeService:
                 self.backlog.finished(token, time.perf_counter(), ok=False)
                 if not isinstance(exc, GnnServeError):
                     log.exception("new-node request failed", exc_info=exc)
-                    exc = GnnServeError(f"internal error: {type(exc).__name__}: {exc}")
+                    exc = internal_error(exc)
                 ticket.future.set_exception(exc)
                 continue
             self.backlog.finished(token, time.perf_counter())  # before the answer, as batches

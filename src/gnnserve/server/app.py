@@ -23,11 +23,23 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gnnserve.engine.engine import Engine
 from gnnserve.engine.placement import tier_stats
-from gnnserve.errors import GnnServeError, InvalidInputError, UnknownModelError, echo
+from gnnserve.errors import (
+    GnnServeError,
+    InvalidInputError,
+    UnknownModelError,
+    echo,
+    internal_error,
+)
 from gnnserve.server import oip
 from gnnserve.server.auth import ApiKeys, RequireApiKey
 from gnnserve.server.counting import CountRequests, RequestCounts
-from gnnserve.server.limits import BodyLimit, JsonBodyRoute, default_body_limit, error_json
+from gnnserve.server.limits import (
+    BodyLimit,
+    JsonBodyRoute,
+    default_body_limit,
+    error_json,
+    retry_headers,
+)
 from gnnserve.server.metrics import ServerMetrics
 from gnnserve.server.schemas import (
     ErrorResponse,
@@ -48,7 +60,7 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 
 def error_response(exc: GnnServeError) -> JSONResponse:
     """JSON body ``{"error": {kind, message, field}}`` with the error's HTTP status."""
-    return JSONResponse(error_json(exc), status_code=exc.http_status)
+    return JSONResponse(error_json(exc), status_code=exc.http_status, headers=retry_headers(exc))
 
 
 def _validation_error(exc: RequestValidationError) -> InvalidInputError:
@@ -199,8 +211,7 @@ def create_app(
         # a bug, not bad input: the JSON error body still, without the exception's text (it
         # may hold server paths); Starlette re-raises after answering, so the log has the trace
         metrics.errors.labels("internal").inc()
-        err = GnnServeError(f"internal error ({type(exc).__name__}); the server log has details")
-        return error_response(err)
+        return error_response(internal_error(exc))
 
     @app.post("/v1/predict", response_model=PredictResponse, responses=_ERRORS)
     async def predict(body: PredictRequest) -> JSONResponse:

@@ -17,6 +17,7 @@ import asyncio
 import email.message
 import importlib
 import json
+import math
 import multiprocessing
 import threading
 from collections.abc import Callable, Coroutine
@@ -58,6 +59,13 @@ class PayloadTooLargeError(GnnServeError):
 def default_body_limit(max_new_nodes: int, feature_dim: int) -> int:
     """Bytes: the body limit when ``server.max_body_bytes`` is unset (see the module constants)."""
     return BASE_BODY_BYTES + JSON_BYTES_PER_FLOAT * max_new_nodes * feature_dim
+
+
+def retry_headers(exc: GnnServeError) -> dict[str, str]:
+    """``Retry-After`` (whole seconds, at least 1) when ``exc`` carries a retry hint."""
+    if exc.retry_after_s is None:
+        return {}
+    return {"Retry-After": str(max(1, math.ceil(exc.retry_after_s)))}
 
 
 def error_json(exc: GnnServeError) -> dict[str, object]:

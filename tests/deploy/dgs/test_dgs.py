@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import time
 from collections.abc import Iterator
 
 import numpy as np
@@ -10,7 +13,7 @@ import ray
 
 from gnnserve.data.writer import build_csr
 from gnnserve.deploy.dgs import DGSService
-from gnnserve.errors import InvalidInputError
+from gnnserve.errors import InvalidInputError, WorkerFailedError
 from gnnserve.sampling.presample import DELETE, INSERT, PreSampler
 from gnnserve.types import SampledSubgraph
 from tests.conftest import random_simple_graph
@@ -204,5 +207,48 @@ def test_bad_input_is_rejected_with_a_message_and_changes_nothing() -> None:
         assert svc.apply_events(*events, version=1) == 1
         assert svc.apply_events(*events, version=1) == 1  # a replayed batch applies once
         assert_same(svc.sample(seeds), g.ref.sample(seeds))
+    finally:
+        svc.shutdown()
+
+
+def _kill(actor: object) -> None:
+    """kill -9 a worker's process and wait until Ray reports the actor dead."""
+    pid = ray.get(actor.pid.remote())  # type: ignore[attr-defined]
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            ray.get(actor.ping.remote(), timeout=5)  # type: ignore[attr-defined]
+        except ray.exceptions.RayActorError:
+            return
+        time.sleep(0.05)
+    raise AssertionError("the killed worker still answers")
+
+
+def test_a_dead_serving_worker_is_replaced_with_the_same_cache() -> None:
+    """kill -9 a serving worker: the request meeting it gets WorkerFailedError (no Ray
+    details), the replacement caches exactly what the dead one held, and later requests and
+    batches equal the PreSampler, including a death found during an update batch."""
+    g = Graph(N, 16_000, [4, 3], seed=11)
+    queries = np.arange(N)
+    svc = DGSService(g.indptr, g.indices, [4, 3], n_sampling=2, n_serving=2, seed=11)
+    try:
+        svc.apply_events(*g.batch(800))
+        cached = actual_caches(svc)
+        seeds = queries[queries % 2 == 1][:40]  # all on serving worker 1
+        _kill(svc._servers[1])
+        with pytest.raises(WorkerFailedError) as err:
+            svc.sample(seeds)
+        assert err.value.http_status == 503 and err.value.retry_after_s
+        assert "Actor" not in err.value.message and "pid" not in err.value.message
+        assert svc.replaced == 1
+        assert actual_caches(svc) == cached  # same reservoirs (rows may sit elsewhere)
+        check_requests(svc, g, queries, 2)
+        _kill(svc._servers[0])  # found by the next batch's commit
+        assert svc.apply_events(*g.batch(800)) == 2
+        assert svc.replaced == 2
+        assert actual_caches(svc) == expected_caches(g, queries, 2)
+        check_requests(svc, g, queries, 2)
+        assert svc.recover() == []  # nothing else died
     finally:
         svc.shutdown()

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import httpx
 import numpy as np
+import psutil
 import pytest
 
 from tests.deploy.servers import metric, predict, served, update
@@ -43,6 +45,20 @@ def test_dgs_answers_equal_local_presample_before_and_after_updates(
         for base in (local, dgs):
             update(base, ops)
         np.testing.assert_array_equal(_probs(dgs, NODES), _probs(local, NODES))
+        _kill_a_serving_worker(dgs)
+        r = httpx.post(f"{dgs}/v1/predict", json={"nodes": NODES}, timeout=60)
+        assert r.status_code == 503 and r.headers["retry-after"] == "1", r.text
+        err = r.json()["error"]
+        assert err["kind"] == "worker_failed" and "retry" in err["message"]
+        for detail in ("actor", "pid", "namespace", "ip:", "192.", "127.0.0.1"):
+            assert detail not in err["message"].lower(), err["message"]
+        assert metric(dgs, "gnnserve_deploy_replaced_workers") == 1
+        np.testing.assert_array_equal(_probs(dgs, NODES), _probs(local, NODES))  # DGS again
+        for base in (local, dgs):
+            update(base, [{"op": "add_edge", "src": 11, "dst": 42}])
+        before = metric(dgs, "gnnserve_deploy_dgs_batches")
+        np.testing.assert_array_equal(_probs(dgs, NODES), _probs(local, NODES))
+        assert metric(dgs, "gnnserve_deploy_dgs_batches") == before + 1
         # other fanouts sample locally: a valid answer of the right shape
         before = metric(dgs, "gnnserve_deploy_dgs_batches")
         got = _probs(dgs, NODES, fanouts=[2, 2])
@@ -54,6 +70,22 @@ def test_dgs_answers_equal_local_presample_before_and_after_updates(
         update(dgs, [node, {"op": "add_edge", "src": 2000, "dst": 7}])
         got = _probs(dgs, [*NODES, 2000])
         assert got.shape == (len(NODES) + 1, 4) and np.allclose(got.sum(axis=1), 1.0, atol=1e-5)
+
+
+def _kill_a_serving_worker(base: str) -> None:
+    """kill -9 one DGS serving worker (a Ray actor process under the server at ``base``)."""
+    port = int(base.rsplit(":", 1)[1])
+    server = next(
+        c.pid for c in psutil.net_connections("tcp") if c.laddr and c.laddr.port == port and c.pid
+    )
+    workers = [
+        p
+        for p in psutil.Process(server).children(recursive=True)
+        if "ServingWorker" in " ".join(p.cmdline())
+    ]
+    assert workers, "no DGS serving worker process found"
+    workers[0].kill()
+    workers[0].wait(30)
 
 
 def test_dgs_refuses_bad_worker_count(small_store: Path, small_ckpt: Path) -> None:

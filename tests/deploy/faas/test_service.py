@@ -96,8 +96,9 @@ def test_instance_over_its_memory_limit_is_killed_and_replaced(
     try:
         small = service.predict(np.array([5]), rng_seed=0)  # reads 2 rows: fits
         assert small.output.logits.shape[0] == 1
-        with pytest.raises(InstanceFailedError, match="died"):
+        with pytest.raises(InstanceFailedError, match="died") as err:
             service.predict(np.array([0]), rng_seed=0)  # reads 100 MB of features
+        assert err.value.http_status == 503 and err.value.retry_after_s == 1.0
         assert service.inference.stats.failures == 1
         again = service.predict(np.array([5]), rng_seed=0)  # a replacement instance answers
         torch.testing.assert_close(again.output.logits, small.output.logits)

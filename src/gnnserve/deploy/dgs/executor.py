@@ -11,6 +11,9 @@ With an update log, the executor subscribes to the changing graph (the UpdateLis
 of :mod:`gnnserve.graph.events`): every applied batch's edge events reach the workers before the
 writer is answered, so a batch sampled after an update sees it. DGS keeps a fixed vertex set: once
 an update adds nodes, every batch samples locally (logged once; answers stay correct).
+
+A serving worker that dies is replaced by the service (``DGSService`` module doc); the batch
+that met the death gets 503 ``worker_failed`` with a retry hint, and DGS goes on serving.
 """
 
 from __future__ import annotations
@@ -100,6 +103,7 @@ class DGSExecutor(LocalExecutor):
             "deploy": self.name,
             "workers": self.context.config.deploy.workers,
             "dgs_batches": self.dgs_batches,
+            "replaced_workers": 0 if self.service is None else self.service.replaced,
             "stale": self.stale_reason,
         }
 

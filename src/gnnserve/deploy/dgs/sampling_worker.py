@@ -105,11 +105,17 @@ class SamplingWorker:
             return []
         return self._send(self.subs.level_deltas(self.res, level, rows, w, sign))
 
-    def publish(self, version: int) -> list[Any]:
-        """Push changed / newly needed reservoirs and drops to the subscribed serving workers."""
+    def publish(self, version: int) -> list[tuple[int, Any]]:
+        """Push changed / newly needed reservoirs and drops to the subscribed serving workers;
+        (serving worker, ObjectRef) of each push."""
         pushes = self.subs.diff(self.res, version)
         self.version = version
-        return [self.servers[w].stage.remote(push) for w, push in pushes.items()]
+        return [(w, self.servers[w].stage.remote(push)) for w, push in pushes.items()]
+
+    def resync(self, w: int) -> list[Any]:
+        """Send serving worker ``w`` (a replacement) what this worker last pushed to it."""
+        push = self.subs.snapshot(self.res, w, self.version)
+        return [self.servers[w].restore.remote(push)] if push.size else []
 
     def _send(self, msgs: np.ndarray) -> list[Any]:
         """Route messages to the owners of their vertices (own ones filed locally)."""

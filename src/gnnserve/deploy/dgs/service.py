@@ -28,24 +28,35 @@ Batches carry versions: passing ``version`` makes a replay idempotent (an alread
 is skipped, a gap is refused), the exactly-once hook for an upstream durable log. A request is
 answered from the serving workers' local caches only; seeds of several serving workers are split,
 each part sampled by its worker, and the parts merged into exactly the single-worker result.
-A crashed worker is not recovered: rebuild the service from a snapshot and replay the log.
+
+Failures. A serving worker that dies is replaced: the request that met the death fails with
+:class:`~gnnserve.errors.WorkerFailedError` (HTTP 503 with a retry hint; the details go to the
+log), and a new worker at the last committed batch gets, from every sampling worker, exactly the
+reservoirs it last pushed to the old one (``resync``), so its cache equals the one lost. A death
+found during an update batch is handled the same way at that batch's commit. Between the
+replacement and the next request or batch nothing else changes. A sampling worker that dies
+takes its reservoirs and adjacency with it: that is not recovered here (the caller gives up on
+DGS and samples locally).
 """
 
 from __future__ import annotations
 
+import logging
 import threading
+import time
 from itertools import chain
 from typing import Any
 
 import numpy as np
 import ray
+from ray.exceptions import RayActorError
 
 from gnnserve.data.validate import check_node_ids
 from gnnserve.deploy.dgs.partition import KeyRanges, Modulo, split
 from gnnserve.deploy.dgs.sampling_worker import SamplingWorker
 from gnnserve.deploy.dgs.serving_worker import ServingWorker
 from gnnserve.deploy.ray import start_ray, stop_ray
-from gnnserve.errors import InvalidInputError
+from gnnserve.errors import InvalidInputError, WorkerFailedError
 from gnnserve.fanouts import check_fanouts
 from gnnserve.sampling import presample_kernels as pk
 from gnnserve.sampling.presample import DELETE, INSERT, check_csr, to_subgraph
@@ -54,6 +65,7 @@ from gnnserve.types import SampledSubgraph
 _SamplingActor = ray.remote(num_cpus=0)(SamplingWorker)
 _ServingActor = ray.remote(num_cpus=0)(ServingWorker)
 _IDENTITY = np.empty(0, dtype=np.int64)
+log = logging.getLogger(__name__)
 
 
 def _count(value: object, field: str) -> int:
@@ -97,6 +109,7 @@ class DGSService:
         self._lock = threading.Lock()  # commits vs request submission
         self._write_lock = threading.Lock()  # one batch at a time
         self.version = -1  # last committed batch
+        self.replaced = 0  # serving workers replaced after they died
         self._servers: list[Any] = [
             _ServingActor.remote(j, self.num_nodes, self.fanouts) for j in range(n_serving)
         ]
@@ -198,14 +211,47 @@ class DGSService:
     def _propagate(
         self, version: int, first_level: int, acks: list[list[Any]] | None = None
     ) -> None:
-        """Phases 3-5 of a batch: settle the levels, publish, commit on every serving worker."""
+        """Phases 3-5 of a batch: settle the levels, publish, commit on every serving worker.
+
+        A serving worker found dead when its pushes or its commit are awaited is replaced at
+        this batch (the sampling workers' pushed state is this batch's by then)."""
         _wait(acks or [])
         for level in range(first_level, len(self.fanouts)):
             _wait(ray.get([w.settle.remote(level) for w in self._samplers]))
-        _wait(ray.get([w.publish.remote(version) for w in self._samplers]))
+        pushes = chain.from_iterable(ray.get([w.publish.remote(version) for w in self._samplers]))
+        dead = {w for w, ref in pushes if not _alive(ref)}
         with self._lock:
-            ray.get([s.commit.remote(version) for s in self._servers])
+            for j, server in enumerate(self._servers):
+                if j not in dead and not _alive(server.commit.remote(version)):
+                    dead.add(j)
             self.version = version
+            self._replace(sorted(dead))
+
+    # failures --------------------------------------------------------------------------------
+    def recover(self) -> list[int]:
+        """Replace every serving worker that died (see the module doc); returns their indices."""
+        with self._write_lock, self._lock:
+            dead = [j for j, s in enumerate(self._servers) if not _alive(s.ping.remote())]
+            self._replace(dead)
+        return dead
+
+    def _replace(self, dead: list[int]) -> None:
+        """New serving workers ``dead`` at ``self.version``, their caches rebuilt from the
+        sampling workers. The caller holds both locks (no batch, no request in between)."""
+        if not dead:
+            return
+        start = time.perf_counter()
+        for j in dead:
+            self._servers[j] = _ServingActor.remote(j, self.num_nodes, self.fanouts, self.version)
+        _wait([w.connect.remote(self._samplers, self._servers) for w in self._samplers])
+        _wait(ray.get([w.resync.remote(j) for w in self._samplers for j in dead]))
+        self.replaced += len(dead)
+        log.warning(
+            "DGS: serving worker(s) %s died and were replaced at batch %d in %.1f s",
+            dead,
+            self.version,
+            time.perf_counter() - start,
+        )
 
     # requests --------------------------------------------------------------------------------
     def sample(self, seeds: np.ndarray) -> SampledSubgraph:
@@ -221,7 +267,15 @@ class DGSService:
                 self._servers[w].sample.remote(seeds[g])
                 for w, g in zip(owners, groups, strict=True)
             ]
-        parts = ray.get(refs)
+        try:
+            parts = ray.get(refs)
+        except RayActorError as exc:
+            log.warning("DGS: a serving worker died while answering: %s", exc)
+            self.recover()
+            raise WorkerFailedError(
+                "a DGS serving worker failed while answering this request and was replaced; "
+                "retry the request"
+            ) from None
         if len({v for v, _ in parts}) != 1:
             raise RuntimeError("serving workers answered from different batches")
         if len(parts) == 1:
@@ -265,6 +319,15 @@ class DGSService:
 
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
+
+
+def _alive(ref: Any) -> bool:
+    """Wait for one actor call: False when its actor died (RayActorError), else True."""
+    try:
+        ray.get(ref)
+    except RayActorError:
+        return False
+    return True
 
 
 def _wait(refs: list[Any]) -> None:

@@ -13,6 +13,8 @@ either before or after a whole batch, never half of it.
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from gnnserve.deploy.dgs.subscriptions import Push
@@ -100,14 +102,32 @@ class ServingCache:
 
 
 class ServingWorker:
-    """Serving worker ``index``: its cache plus the batch protocol (run as a Ray actor)."""
+    """Serving worker ``index``: its cache plus the batch protocol (run as a Ray actor).
 
-    def __init__(self, index: int, num_nodes: int, fanouts: list[int]) -> None:
+    ``version``: the last committed batch; a replacement for a worker that died starts at the
+    service's version with an empty cache, which ``restore`` fills.
+    """
+
+    def __init__(self, index: int, num_nodes: int, fanouts: list[int], version: int = -1) -> None:
         self.index = index
         self.cache = ServingCache(num_nodes, fanouts)
-        self.version = -1  # last committed batch
+        self.version = version
         self.staged: list[Push] = []
         self.requests = 0
+
+    def pid(self) -> int:
+        """The worker's process id (tests kill it)."""
+        return os.getpid()
+
+    def ping(self) -> int:
+        """The last committed batch: answers while the worker is alive."""
+        return self.version
+
+    def restore(self, push: Push) -> None:
+        """Load a sampling worker's snapshot of what this (replacement) worker caches."""
+        if push.version != self.version:
+            raise RuntimeError(f"snapshot of batch {push.version} for a worker at {self.version}")
+        self.cache.upsert(push)
 
     def stage(self, push: Push) -> None:
         """Keep a sampling worker's push until its batch commits."""

@@ -143,6 +143,13 @@ class SubscriptionTable:
             if upsert[:, w].any() or drop[:, w].any()
         }
 
+    def snapshot(self, res: ReservoirTable, w: int, version: int) -> Push:
+        """Every reservoir serving worker ``w`` holds now (what was pushed to it), as one Push:
+        rebuilds the cache of a replacement for a worker that died."""
+        rows = np.flatnonzero(self.pushed[:, w, :].any(axis=1))
+        up = self.pushed[rows, w, :]
+        return self._push(res, rows, up, np.zeros_like(up), version)
+
     def _push(
         self, res: ReservoirTable, rows: np.ndarray, up: np.ndarray, drop: np.ndarray, version: int
     ) -> Push:

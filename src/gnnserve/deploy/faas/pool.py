@@ -27,7 +27,7 @@ from typing import Any
 import ray
 
 from gnnserve.deploy.faas.scheduler import Launch, Run, Scheduler, Stop
-from gnnserve.errors import GnnServeError
+from gnnserve.errors import WorkerFailedError
 
 log = logging.getLogger(__name__)
 
@@ -35,10 +35,11 @@ MAX_START_FAILURES = 2  # consecutive failed cold starts before waiting requests
 ActorFactory = Callable[[int], Any]  # instance id -> Ray actor handle (not started yet)
 
 
-class InstanceFailedError(GnnServeError):
-    """The instance running a request died (killed for memory, crashed): HTTP 503."""
+class InstanceFailedError(WorkerFailedError):
+    """The instance running a request died (killed for memory, crashed): HTTP 503 with a
+    ``Retry-After`` hint (the pool replaces the instance)."""
 
-    status = 503
+    kind = "instance_failed"
 
 
 @dataclass
