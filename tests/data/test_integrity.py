@@ -3,6 +3,7 @@ file, the first bad position and its value, by both backends and by a real `gnns
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import os
@@ -246,3 +247,139 @@ def test_serve_exits_2_on_a_corrupt_store_instead_of_crashing(
         assert code == 2, (name, code, err[-2000:])
         assert f"error: {tmp_path / name / cases[name][2]}" in err, err[-2000:]
         assert "Traceback" not in err
+
+
+# -- labels, split masks and precomputed embeddings --------------------------------------------
+
+M = 300  # nodes of the labelled store
+
+
+@pytest.fixture(scope="module")
+def labelled(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 300-node store with 3 classes and the three split masks."""
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((M, 8)).astype(np.float32)
+    masks = np.zeros((3, M), dtype=bool)
+    masks[rng.integers(0, 3, M), np.arange(M)] = True
+    data = GraphData("g", M, random_simple_graph(M, 1500, seed=2), x, rng.integers(0, 3, M))
+    data.train_mask, data.val_mask, data.test_mask = masks
+    out = tmp_path_factory.mktemp("labelled") / "s"
+    write_store(data, out)
+    return out
+
+
+def _npy(arr: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, arr, allow_pickle=True)
+    return buf.getvalue()
+
+
+def _damages(good: np.ndarray, bad_value: int) -> dict[str, tuple[bytes | None, str]]:
+    """Damaged file contents (None: the file is removed) and the message each must give."""
+    raw = _npy(good)
+    out_of_range = good.astype(np.int64)
+    out_of_range[7] = bad_value
+    return {
+        "bad header": (b"\x93NUMPY\x01\x00\x10\x00{'descr': '<i8'," + raw[26:], "not a readable"),
+        "truncated": (raw[: len(raw) - 100], "not a readable"),
+        "wrong length": (_npy(good[:-1]), f"shape [{M - 1}], need [{M}]"),
+        "2-D": (_npy(np.stack([good, good], 1)), f"shape [{M}, 2], need [{M}]"),
+        "value": (_npy(out_of_range), f"entry 7 = {bad_value} is not"),
+        "object array": (_npy(good.astype(object)), "not a readable"),
+        "float": (_npy(good.astype(np.float64)), "dtype float64"),
+        "missing": (None, "missing"),
+    }
+
+
+LABEL_CASES = list(_damages(np.zeros(M, dtype=np.int64), 10**9))
+MASK_CASES = list(_damages(np.zeros(M, dtype=bool), 2))
+
+
+def _damage(store: Path, out: Path, name: str, case: str, bad_value: int) -> str:
+    """Copy ``store`` to ``out`` with file ``name`` damaged as ``case``; the expected message."""
+    shutil.copytree(store, out)
+    good = np.load(out / name)
+    content, message = _damages(good, bad_value)[case]
+    if content is None:
+        (out / name).unlink()
+    else:
+        (out / name).write_bytes(content)
+    return message
+
+
+def _train(store: Path, out: Path) -> list[str]:
+    args = ["--arch", "sage", "--hidden", "8", "--epochs", "1", "--fanouts", "2,2"]
+    return ["train", "--store", str(store), "--out", str(out), *args, "--no-progress"]
+
+
+@pytest.mark.parametrize(
+    ("name", "case", "bad_value"),
+    [(layout.LABELS, c, 10**9) for c in LABEL_CASES]
+    + [("train_mask.npy", c, 2) for c in MASK_CASES],
+)
+def test_damaged_labels_and_masks_are_refused_at_open_and_by_train(
+    labelled: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    name: str,
+    case: str,
+    bad_value: int,
+) -> None:
+    from gnnserve.cli import main
+
+    store = tmp_path / "s"
+    message = _damage(labelled, store, name, case, bad_value)
+    with pytest.raises(StoreFormatError) as err:
+        open_graph_store(store, "mmap")
+    assert err.value.message.startswith(f"{store / name}: ") and message in err.value.message
+    capsys.readouterr()
+    assert main(_train(store, tmp_path / "ckpt")) == 2
+    stderr = capsys.readouterr().err
+    assert f"error: {store / name}: " in stderr and "Traceback" not in stderr, stderr
+    open_graph_store(store, check_structure=False)  # the switch turns these checks off too
+
+
+def test_labels_and_masks_that_pass_are_what_train_reads(labelled: Path) -> None:
+    from gnnserve.data import integrity
+
+    meta = layout.read_meta(labelled)
+    np.testing.assert_array_equal(
+        integrity.load_labels(labelled, meta), np.load(labelled / layout.LABELS)
+    )
+    mask = integrity.load_mask(labelled, meta, "val_mask")
+    assert mask.dtype == np.bool_
+    np.testing.assert_array_equal(mask, np.load(labelled / "val_mask.npy"))
+
+
+def test_precompute_and_serve_refuse_a_damaged_mask(labelled: Path, tmp_path: Path) -> None:
+    from gnnserve.cli import main
+
+    store = tmp_path / "s"
+    _damage(labelled, store, "test_mask.npy", "truncated", 2)
+    ckpt = make_checkpoint(labelled, tmp_path / "ckpt")
+    assert main(["precompute", "--store", str(store), "--model", str(ckpt), "--no-progress"]) == 2
+    config = ServeConfig.load(None, **{"store.path": str(store), "model_path": str(ckpt)})
+    with pytest.raises(StoreFormatError, match="test_mask.npy: not a readable"):
+        build_engine(config)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_non_finite_precomputed_embeddings_are_refused(
+    labelled: Path, tmp_path: Path, backend: str
+) -> None:
+    from gnnserve.embeddings.stores import layer_file, open_embeddings
+
+    ckpt = make_checkpoint(labelled, tmp_path / "ckpt")
+    pes = tmp_path / "pes"
+    from gnnserve.cli import main
+
+    args = ["precompute", "--store", str(labelled), "--model", str(ckpt), "--out", str(pes)]
+    assert main([*args, "--no-progress"]) == 0
+    open_embeddings(pes, backend)  # intact: opens
+    table = np.fromfile(pes / layer_file(1), dtype="<f4")
+    table[5 * (table.size // M) + 1] = np.inf
+    table.tofile(pes / layer_file(1))
+    with pytest.raises(StoreFormatError) as err:
+        open_embeddings(pes, backend)
+    assert err.value.field == "embeddings"
+    assert f"{pes / layer_file(1)}: row 5, column 1 = inf is not finite" in err.value.message

@@ -9,7 +9,10 @@ backend checks the invariants these kernels rely on:
 - ``indptr.bin``: ``indptr[0] == 0``, non-decreasing, every entry in ``[0, E]``, ``indptr[N] == E``
   where ``E`` is the length of ``indices.bin`` (= ``meta.num_edges``, checked by the file size);
 - ``indices.bin``: every entry a node id, ``0 <= v < N``;
-- ``features.bin``: every value finite (float32 and float16).
+- ``features.bin``: every value finite (float32 and float16);
+- ``labels.npy`` and the split masks (when ``meta.json`` lists them): a readable ``.npy`` of
+  one entry per node, labels integers in ``[-1, num_classes)`` (-1 = unlabelled), masks bool
+  (or integer 0/1). The same checks guard precomputed embeddings' layer files (finite values).
 
 The scans are numba loops over the arrays themselves (in RAM, or memory-mapped: each page read
 once, in order), stopping at the first bad entry; they allocate nothing. A 10^8-edge store
@@ -61,11 +64,11 @@ def _indptr_scan(indptr: np.ndarray, num_edges: int) -> int:
 
 
 @numba.njit(nogil=True, cache=True)
-def _range_scan(values: np.ndarray, upper: int) -> int:
-    """The first ``i`` with ``values[i]`` outside ``[0, upper)``, or -1."""
+def _range_scan(values: np.ndarray, lower: int, upper: int) -> int:
+    """The first ``i`` with ``values[i]`` outside ``[lower, upper)``, or -1."""
     for i in range(values.shape[0]):
         v = values[i]
-        if v < 0 or v >= upper:
+        if v < lower or v >= upper:
             return i
     return -1
 
@@ -131,7 +134,7 @@ def check_csr(store_dir: str | Path, indptr: np.ndarray, indices: np.ndarray, n:
                 f"({layout.INDICES} holds {e} entries)",
                 _FIELD,
             )
-    i = _range_scan(indices, n)
+    i = _range_scan(indices, 0, n)
     if i >= 0:
         raise StoreFormatError(
             f"{root / layout.INDICES}: entry {i} = {int(indices[i])} is not a node id (N = {n})",
@@ -140,24 +143,88 @@ def check_csr(store_dir: str | Path, indptr: np.ndarray, indices: np.ndarray, n:
     _logged(f"graph: {n} nodes, {e} edges", store_dir, start)
 
 
-def check_finite(store_dir: str | Path, table: np.ndarray) -> None:
-    """Check that every value of the float32/float16 feature ``table`` [N, F] is finite.
+def check_finite(
+    store_dir: str | Path, table: np.ndarray, name: str = layout.FEATURES, field: str = _FIELD
+) -> None:
+    """Check that every value of the float32/float16 ``table`` [N, F] (file ``name`` of
+    ``store_dir``) is finite; StoreFormatError naming ``field`` otherwise.
 
     ``table`` must be C-contiguous (as every opener returns it); logs the time taken at INFO.
     """
     start = time.perf_counter()
     kind = table.dtype.name
     if kind not in _NONFINITE_MASK or not table.flags.c_contiguous:
-        raise StoreFormatError(f"cannot check a {kind} feature table of this layout", _FIELD)
+        raise StoreFormatError(f"cannot check a {kind} table of this layout", field)
     i = _mask_scan(table.reshape(-1).view(_BITS[kind]), _NONFINITE_MASK[kind])
     if i >= 0:
         row, col = divmod(i, table.shape[1])
         raise StoreFormatError(
-            f"{Path(store_dir) / layout.FEATURES}: row {row}, column {col} = "
+            f"{Path(store_dir) / name}: row {row}, column {col} = "
             f"{float(table[row, col])} is not finite",
+            field,
+        )
+    _logged(f"{name}: {table.shape[0]} x {table.shape[1]} {kind}", store_dir, start)
+
+
+def _read_npy(path: Path, num_nodes: int) -> np.ndarray:
+    """A listed ``.npy`` file of one entry per node, read without unpickling anything."""
+    if not path.is_file():
+        raise StoreFormatError(f"{path}: missing ({layout.META} lists it)", _FIELD)
+    try:
+        arr = np.load(path, allow_pickle=False)
+    except Exception as exc:  # noqa: BLE001 - a damaged header raises SyntaxError, TypeError, ...
+        raise StoreFormatError(f"{path}: not a readable .npy array ({exc})", _FIELD) from None
+    if not isinstance(arr, np.ndarray) or arr.shape != (num_nodes,):
+        shape = list(getattr(arr, "shape", []))
+        raise StoreFormatError(f"{path}: shape {shape}, need [{num_nodes}] (one per node)", _FIELD)
+    return arr
+
+
+def load_labels(store_dir: str | Path, meta: layout.StoreMeta) -> np.ndarray:
+    """``labels.npy`` as int64 [N], each in [-1, num_classes); StoreFormatError naming the file
+    and the first bad entry otherwise."""
+    path = Path(store_dir) / layout.LABELS
+    arr = _read_npy(path, meta.num_nodes)
+    if not np.issubdtype(arr.dtype, np.integer):
+        raise StoreFormatError(f"{path}: dtype {arr.dtype}, need integer class ids", _FIELD)
+    i = _range_scan(arr, -1, max(meta.num_classes, 0))
+    if i >= 0:
+        raise StoreFormatError(
+            f"{path}: entry {i} = {int(arr[i])} is not a class id in [-1, {meta.num_classes}) "
+            f"(num_classes {meta.num_classes} in {layout.META}; -1 = unlabelled)",
             _FIELD,
         )
-    _logged(f"features: {table.shape[0]} x {table.shape[1]} {kind}", store_dir, start)
+    return arr.astype(np.int64, copy=False)
+
+
+def load_mask(store_dir: str | Path, meta: layout.StoreMeta, mask: str) -> np.ndarray:
+    """Split mask ``mask`` (e.g. ``train_mask``) as bool [N]; StoreFormatError naming the file
+    unless it is bool or integer 0/1."""
+    path = Path(store_dir) / f"{mask}.npy"
+    arr = _read_npy(path, meta.num_nodes)
+    if arr.dtype == np.bool_:
+        return arr
+    if not np.issubdtype(arr.dtype, np.integer):
+        raise StoreFormatError(f"{path}: dtype {arr.dtype}, need bool", _FIELD)
+    i = _range_scan(arr, 0, 2)
+    if i >= 0:
+        raise StoreFormatError(f"{path}: entry {i} = {int(arr[i])} is not 0 or 1", _FIELD)
+    return arr.astype(bool)
+
+
+def check_labels_and_masks(store_dir: str | Path, meta: layout.StoreMeta) -> None:
+    """Check ``labels.npy`` and every split mask ``meta.json`` lists (see :func:`load_labels`,
+    :func:`load_mask`)."""
+    if meta.has_labels:
+        load_labels(store_dir, meta)
+    for mask in meta.masks:
+        if mask not in layout.MASKS:
+            raise StoreFormatError(
+                f"{Path(store_dir) / layout.META}: unknown split mask {mask[:64]!r}; "
+                f"masks are {list(layout.MASKS)}",
+                _FIELD,
+            )
+        load_mask(store_dir, meta, mask)
 
 
 def _logged(what: str, store_dir: str | Path, start: float) -> None:

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from gnnserve.data import layout
+from gnnserve.data import integrity, layout
 from gnnserve.data.meta import read_meta_file
 from gnnserve.embeddings.base import EmbeddingMeta, EmbeddingStore
 from gnnserve.errors import StoreFormatError
@@ -126,11 +126,13 @@ class FileEmbeddings(EmbeddingStore):
         self._layers = [self._open(layer, dim) for layer, dim in enumerate(meta.dims, start=1)]
 
     def _open(self, layer: int, dim: int) -> np.ndarray:
-        shape = (self.meta.num_nodes, dim)
+        shape, name = (self.meta.num_nodes, dim), layer_file(layer)
         try:
-            return layout.open_array(self.directory, layer_file(layer), "float32", shape, self.mmap)
+            table = layout.open_array(self.directory, name, "float32", shape, self.mmap)
         except StoreFormatError as exc:  # same message, reported against the embeddings
             raise StoreFormatError(exc.message, _FIELD) from exc
+        integrity.check_finite(self.directory, np.ascontiguousarray(table), name, _FIELD)
+        return table
 
     def _layer(self, layer: int) -> np.ndarray:
         return self._layers[layer - 1]

@@ -14,7 +14,8 @@ class _FileCSR(GraphStore):
     """CSR read from a store directory; ``mmap`` decides whether pages stay on disk.
 
     ``check_structure`` (default on) scans the arrays at open for the CSR invariants the numba
-    kernels rely on (:func:`gnnserve.data.integrity.check_csr`); off trusts a verified store.
+    kernels rely on (:func:`gnnserve.data.integrity.check_csr`), and the labels and split masks
+    (:func:`gnnserve.data.integrity.check_labels_and_masks`); off trusts a verified store.
     """
 
     use_mmap = False
@@ -31,6 +32,7 @@ class _FileCSR(GraphStore):
         )
         if check_structure:
             integrity.check_csr(store_dir, self._indptr, self._indices, n)
+            integrity.check_labels_and_masks(store_dir, meta)
         self._row_start = self._indptr[:-1]
         self._degree = np.diff(self._indptr)
         self._degree.setflags(write=False)

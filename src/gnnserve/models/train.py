@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from gnnserve.data import layout
+from gnnserve.data import integrity, layout
 from gnnserve.errors import InvalidInputError
 from gnnserve.fanouts import check_fanouts, parse_fanouts
 from gnnserve.features import FeatureStore, open_feature_store
@@ -79,11 +79,11 @@ def _open(store_dir: str | Path, config: ModelConfig, fanouts: list[int], seed: 
             f"{len(fanouts)} fanouts for a {config.num_layers}-layer model", "fanouts"
         )
     graph = open_graph_store(store_dir)
-    labels = np.load(Path(store_dir) / layout.LABELS)
+    labels = integrity.load_labels(store_dir, meta)
     splits = {}
     for name in ("train", "val", "test"):
         if f"{name}_mask" in meta.masks:
-            mask = np.load(Path(store_dir) / f"{name}_mask.npy")
+            mask = integrity.load_mask(store_dir, meta, f"{name}_mask")
             splits[name] = np.flatnonzero(mask & (labels >= 0)).astype(np.int64)
     if splits["train"].size == 0:
         raise InvalidInputError("train_mask selects no labelled node", "store")
