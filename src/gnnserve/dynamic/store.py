@@ -41,6 +41,16 @@ log = logging.getLogger(__name__)
 EdgeArrays = tuple[np.ndarray, np.ndarray, np.ndarray]  # (inserts bool, srcs, dsts)
 
 
+class InvalidLoggedBatchError(StoreFormatError):
+    """An intact log record (checksum and seq right) whose batch the update API would refuse:
+    ``seq`` names it. ``gnnserve log verify --store`` finds it, ``log repair --store`` can keep
+    the batches before it."""
+
+    def __init__(self, message: str, seq: int) -> None:
+        super().__init__(message, "wal")
+        self.seq = seq
+
+
 def _edge_arrays(batch: ParsedBatch) -> EdgeArrays | None:
     """The batch's edge operations, in order, as arrays for the kernels (None when none)."""
     edges = [op for op in batch.ops if op["op"] in ("add_edge", "delete_edge")]
@@ -50,6 +60,10 @@ def _edge_arrays(batch: ParsedBatch) -> EdgeArrays | None:
     srcs = np.array([op["src"] for op in edges], dtype=np.int64)
     dsts = np.array([op["dst"] for op in edges], dtype=np.int64)
     return inserts, srcs, dsts
+
+
+def _batches(n: int) -> str:
+    return f"{n} batch" if n == 1 else f"{n} batches"
 
 
 @dataclass(frozen=True)
@@ -77,11 +91,14 @@ class DynamicStore:
         fsync: FsyncPolicy | str = FsyncPolicy.ALWAYS,
         compact_above: float = 0.5,
         read_only: bool = False,
+        store_path: str | Path | None = None,
     ) -> None:
         """``log_path``: a path or file URL. ``read_only``: replay the log without touching it
-        (no writes, no torn-tail repair); ``apply`` then raises ReadOnlyStoreError. For tools
-        beside a live server."""
+        (no writes, no torn-tail repair, no lock); ``apply`` then raises ReadOnlyStoreError. For
+        tools beside a live server. ``store_path``: where ``graph`` was read from (named in the
+        commands a refusal suggests)."""
         log_path = local_path(log_path, "store.update_log")
+        self._store_path = str(store_path) if store_path is not None else "STORE"
         self.graph = DynamicGraph(graph)
         self.features = DynamicFeatures(features)
         self._lock = ReadWriteLock()
@@ -89,8 +106,14 @@ class DynamicStore:
         self._writer = threading.Lock()  # one batch at a time: validate, log, apply
         self.compact_above = compact_above
         self._listeners: list[UpdateListener] = []  # subscribed after replay, from its state
-        self.replayed = self._replay(log_path, graph.version, truncate=not read_only)
+        # the writer lock before the replay: a second server must not cut a live writer's tail
         self.log = None if read_only else UpdateLog(log_path, fsync)
+        try:
+            self.replayed = self._replay(log_path, graph.version, truncate=not read_only)
+        except BaseException:
+            if self.log is not None:
+                self.log.close()
+            raise
         if self.log is not None and self.graph.seq == 0 and self.log.path.stat().st_size == 0:
             self.log.append(0, [{"op": "base", "checksum": graph.version}])
         self._stop = threading.Event()
@@ -139,11 +162,15 @@ class DynamicStore:
         except InvalidInputError as exc:
             errors = exc.errors if isinstance(exc, UpdateRejectedError) else []
             where = f", op {errors[0]['index']}" if errors else ""
-            raise StoreFormatError(
+            store = self._store_path
+            raise InvalidLoggedBatchError(
                 f"update log {path}: the batch with seq {seq}{where} cannot be applied: "
                 f"{errors[0]['message'] if errors else exc.message}. The log was left unchanged; "
-                "the server does not start from a log holding a batch it would refuse",
-                "wal",
+                "the server does not start from a log holding a batch it would refuse. "
+                f"`gnnserve log verify {path} --store {store}` checks every batch; "
+                f"`gnnserve log repair {path} --store {store} --keep-good-prefix` keeps the "
+                f"{_batches(seq - 1)} before it",
+                seq,
             ) from None
 
     def _parse(self, ops: Any) -> ParsedBatch:

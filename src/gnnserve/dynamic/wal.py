@@ -24,11 +24,16 @@ raises :class:`~gnnserve.errors.StoreFormatError` naming the byte offset, the ex
 how many valid records follow, and leaves the file untouched. ``gnnserve log verify LOG`` reports
 the same; ``gnnserve log repair LOG --keep-good-prefix`` keeps the good prefix and moves the
 damaged file aside (see :mod:`gnnserve.dynamic.logtool`).
+
+One writer at a time: :class:`UpdateLog` holds an exclusive ``flock`` on the file while it is
+open, and ``log repair`` takes the same lock (:func:`locked`), so neither a second server nor a
+repair can run against a live writer. Readers (replay, verify) take no lock.
 """
 
 from __future__ import annotations
 
 import enum
+import fcntl
 import json
 import logging
 import os
@@ -36,16 +41,55 @@ import re
 import threading
 import zlib
 from collections.abc import Generator, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from gnnserve.errors import StoreFormatError
+from gnnserve.errors import GnnServeError, StoreFormatError
 
 log = logging.getLogger(__name__)
 
 Record = tuple[int, list[dict[str, Any]]]  # (seq, ops)
 _RECORD_START = re.compile(rb'[0-9a-f]{8} \{"version":')  # where an encoded record can begin
+
+
+class LogInUseError(GnnServeError):
+    """Another process (a running server) writes this update log."""
+
+    http_status = 409
+    kind = "log_in_use"
+
+
+def _lock(fd: int, path: Path) -> None:
+    """Take the exclusive writer lock of the log open as ``fd``; LogInUseError when held."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise LogInUseError(
+            f"update log {path} is in use by another process (a running server writes it); "
+            "stop that server first",
+            "log",
+        ) from None
+
+
+@contextmanager
+def locked(path: str | Path) -> Iterator[None]:
+    """Hold the writer lock of the existing log ``path`` (LogInUseError when a writer has it)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        _lock(fd, Path(path))
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def record_offset(path: str | Path, seq: int) -> int:
+    """Byte offset where record ``seq`` of the good prefix starts (records are lines)."""
+    with open(path, "rb") as fh:
+        for _ in range(seq):
+            fh.readline()
+        return fh.tell()
 
 
 class FsyncPolicy(str, enum.Enum):
@@ -249,6 +293,11 @@ class UpdateLog:
             fsync_dir(self.path.parent)  # a new file: its name must survive power loss too
         except FileExistsError:
             self._fd = os.open(self.path, flags)
+        try:
+            _lock(self._fd, self.path)
+        except LogInUseError:
+            os.close(self._fd)
+            raise
         self._lock = threading.Lock()
         self.bytes_written = 0
 

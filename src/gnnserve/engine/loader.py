@@ -75,7 +75,9 @@ def build_engine(config: ServeConfig) -> Engine:
         if budgets is not None and config.store.tier_refresh_s > 0:
             engine.tiers = TierRefresher(engine, budgets, config.store.tier_refresh_s).start()
         return engine
-    store = DynamicStore(graph, features, config.store.update_log, config.store.fsync)
+    store = DynamicStore(
+        graph, features, config.store.update_log, config.store.fsync, store_path=config.store.path
+    )
     try:
         pes, problem = load_embeddings(config, store.view, ckpt.version)  # after the replay
     except BaseException:
