@@ -163,6 +163,7 @@ def run_serve(args: argparse.Namespace) -> int:
     from gnnserve.engine.loader import build_engine
     from gnnserve.server.app import create_app
     from gnnserve.server.auth import check_exposure, load_api_keys
+    from gnnserve.server.protocol import http_protocol
 
     config = serve_config(args)
     s = config.server
@@ -179,8 +180,15 @@ def run_serve(args: argparse.Namespace) -> int:
     # uvicorn drains in-flight requests on SIGTERM, then re-raises the signal; with this no-op
     # handler in place the re-raise returns here and a graceful stop exits 0, not -15.
     signal.signal(signal.SIGTERM, lambda *_: None)
-    uvicorn.run(app, host=s.host, port=s.port, log_level=s.log_level, access_log=False)
-    # every request the app received was answered before the engine stopped: the two counts match
+    uvicorn.run(
+        app,
+        host=s.host,
+        port=s.port,
+        log_level=s.log_level,
+        access_log=False,
+        http=http_protocol(),  # type: ignore[arg-type]  # a class: uvicorn takes one
+    )
+    # every request the app received was answered before the engine stopped: the counts match
     print(f"gnnserve: stopped; {app.state.requests.summary()}", flush=True)
     return 0
 

@@ -55,10 +55,15 @@ def wait_ready(base_url: str, proc: subprocess.Popen[bytes], timeout_s: float = 
 
 
 def start_server(
-    store: Path, model: Path, port: int, *extra: str, stdout: IO[bytes] | None = None
+    store: Path,
+    model: Path,
+    port: int,
+    *extra: str,
+    stdout: IO[bytes] | None = None,
+    stderr: IO[bytes] | None = None,
 ) -> subprocess.Popen[bytes]:
-    """Start ``gnnserve serve`` as a child process on loopback (``stdout``: where its standard
-    output goes, e.g. a file to read the request counts it prints when it stops)."""
+    """Start ``gnnserve serve`` as a child process on loopback (``stdout`` / ``stderr``: where
+    its output goes, e.g. a file to read the request counts it prints when it stops)."""
     cmd = [
         sys.executable,
         "-m",
@@ -72,7 +77,8 @@ def start_server(
         str(port),
         *extra,
     ]
-    return subprocess.Popen(cmd, env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=stdout)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen(cmd, env=env, stdout=stdout, stderr=stderr)
 
 
 def stop_server(proc: subprocess.Popen[bytes], timeout_s: float = 30.0) -> int:

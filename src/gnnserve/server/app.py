@@ -74,6 +74,16 @@ def _validation_error(exc: RequestValidationError) -> InvalidInputError:
     return InvalidInputError(f"{field}: {msg}", field)
 
 
+def _node_id(text: str) -> int:
+    """A node id from a URL path segment: plain decimal digits only (int() would also take
+    ``1_000``, ``+1``, `` 1`` and non-ASCII digits); InvalidInputError naming ``node``."""
+    if not (text.isascii() and text.isdigit()):
+        raise InvalidInputError(f"node must be a decimal node id, got {echo(text)}", "node")
+    if len(text) > 18:  # beyond int64 (and any store): the store's check would see a wrapped id
+        raise InvalidInputError(f"node {echo(text)} is not a node id of this graph", "node")
+    return int(text)
+
+
 def result_json(model: str, result: Result) -> dict[str, Any]:
     """The /v1/predict answer for one engine result (plus the new-node fields for those)."""
     body: dict[str, Any] = {
@@ -235,14 +245,16 @@ def create_app(
         return JSONResponse(dataclasses.asdict(result))
 
     @app.get("/v1/graph/neighbors/{node}", responses=_ERRORS)
-    async def neighbors(node: int) -> dict[str, Any]:
-        """In-neighbours of ``node`` at the current graph version (sources of edges into it)."""
+    async def neighbors(node: str) -> dict[str, Any]:
+        """In-neighbours of ``node`` (a decimal node id) at the current graph version (sources
+        of edges into it)."""
+        node_id = _node_id(node)
         version = engine.graph.acquire_read()
         try:
-            ids = engine.graph.neighbors(node).tolist()
+            ids = engine.graph.neighbors(node_id).tolist()
         finally:
             engine.graph.release_read()
-        return {"node": node, "graph_version": version, "in_neighbors": ids}
+        return {"node": node_id, "graph_version": version, "in_neighbors": ids}
 
     @app.get("/metrics", include_in_schema=False)
     async def prometheus() -> Response:

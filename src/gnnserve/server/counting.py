@@ -2,8 +2,10 @@
 
 A request counts as *received* when the application is called for it (uvicorn has read its
 headers), and as *answered* once its last response body has been handed back to the server.
-Health probes and ``/metrics`` scrapes are not counted. After a graceful stop the two counts are
-equal: every request the application accepted was answered (``gnnserve serve`` prints them).
+Health probes and ``/metrics`` scrapes are not counted. A client that disconnects before it has
+sent its whole body is counted as *disconnected*, not answered (there is no one to answer; no
+traceback is logged). After a graceful stop ``received == answered + disconnected``: every
+request the application accepted was answered (``gnnserve serve`` prints the counts).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
+from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 UNCOUNTED = frozenset({"/v2/health/live", "/v2/health/ready", "/metrics"})
@@ -23,13 +26,18 @@ class RequestCounts:
     received: int = 0
     answered: int = 0
     by_status: Counter[int] = field(default_factory=Counter)
+    disconnected: int = 0  # clients gone before their whole request body arrived
 
     def summary(self) -> str:
-        """One line, e.g. ``answered 12 of 12 requests received (200: 11, 429: 1)``."""
+        """One line, e.g. ``answered 12 of 12 requests received (200: 11, 429: 1)``, plus the
+        clients that disconnected mid-request when there were any."""
         statuses = ", ".join(f"{s}: {n}" for s, n in sorted(self.by_status.items()))
-        return (
+        line = (
             f"answered {self.answered} of {self.received} requests received ({statuses or 'none'})"
         )
+        if self.disconnected:
+            line += f"; {self.disconnected} client(s) disconnected before sending the whole request"
+        return line
 
 
 class CountRequests:
@@ -58,6 +66,8 @@ class CountRequests:
 
         try:
             await self.app(scope, receive, counted)
+        except ClientDisconnect:  # gone mid-body: nothing to answer, nothing went wrong here
+            counts.disconnected += 1
         except Exception:  # cancelled: not answered
             if status == 0:  # not started: Starlette's ServerErrorMiddleware answers it with 500
                 counts.answered += 1

@@ -15,6 +15,7 @@ from pydantic import (
 )
 
 from gnnserve.errors import echo
+from gnnserve.types import OutputKind
 
 OutputName = Literal["label", "probs", "embedding"]
 
@@ -159,7 +160,8 @@ class InferRequest(BaseModel):
 
     id: StrictStr | None = None
     inputs: FailFast[InferTensor] = Field(..., min_length=1)
-    outputs: list[RequestedOutput] | None = None
+    # one entry per output kind at most: bounded before a long list is validated item by item
+    outputs: list[RequestedOutput] | None = Field(None, max_length=len(OutputKind))
     parameters: dict[str, object] | None = None
 
 
