@@ -4,8 +4,7 @@ batch holds only its own pipeline."""
 from __future__ import annotations
 
 import threading
-import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 
 import numpy as np
 import pytest
@@ -33,35 +32,45 @@ def test_three_pipelines_answer_like_the_full_graph_forward(
     assert len(set(batches)) > 1, "one pipeline took every batch"
 
 
-class _SlowFor:
-    """A runner whose forward takes ``delay_s`` longer for batches holding ``node``."""
+class _HoldFor:
+    """A runner that holds a batch seeding ``node`` in compute until ``release`` is set."""
 
-    def __init__(self, runner, node: int, delay_s: float) -> None:
-        self.runner, self.node, self.delay_s = runner, node, delay_s
+    def __init__(self, runner, node: int) -> None:
+        self.runner, self.node = runner, node
+        self.held, self.release = threading.Event(), threading.Event()
         self.version, self.model = runner.version, runner.model
         self.shape_output = runner.shape_output
 
     def forward(self, batch):
         sub = batch.subgraph
         if self.node in sub.nodes[: sub.num_seeds]:
-            time.sleep(self.delay_s)
+            self.held.set()
+            assert self.release.wait(60)
         return self.runner.forward(batch)
 
 
 @pytest.mark.parametrize("pipelines", [1, 2])
 def test_a_straggler_holds_only_its_own_pipeline(small_store, small_ckpt, pipelines) -> None:
+    """Order, not time: with two pipelines every request behind the straggler is answered
+    while it is still held in compute; with one, none is."""
     engine = build_engine(serve_config(small_store, small_ckpt, **{"batcher.pipelines": pipelines}))
-    engine.runner = _SlowFor(engine.runner, node=7, delay_s=1.5)  # type: ignore[assignment]
+    hold = _HoldFor(engine.runner, node=7)
+    engine.runner = hold  # type: ignore[assignment]
     with engine:
         engine.predict([1])  # warm
         slow = engine.submit(engine.request([7]))
-        time.sleep(0.1)  # the straggler is in compute
-        start = time.perf_counter()
-        for node in (1, 2, 3, 4, 5):
-            engine.predict([node], timeout_s=30)
-        fast_s = time.perf_counter() - start
+        assert hold.held.wait(30)  # the straggler is in compute
+        fast = [engine.submit(engine.request([node])) for node in (1, 2, 3, 4, 5)]
+        try:
+            if pipelines == 1:
+                done, _ = wait(fast, timeout=1.0)
+                assert not done  # one pipeline: the requests behind the straggler wait for it
+            else:
+                for future in fast:
+                    future.result(30)  # another pipeline answers while the straggler is held
+                assert not slow.done()
+        finally:
+            hold.release.set()
         slow.result(30)
-    if pipelines == 1:
-        assert fast_s > 1.0  # one pipeline: the requests behind the straggler wait for it
-    else:
-        assert fast_s < 0.7  # another pipeline takes them while the straggler computes
+        for future in fast:
+            future.result(30)

@@ -125,11 +125,9 @@ def test_unmeetable_deadline_gets_429_at_once_while_admitted_requests_succeed(
             predicted = engine.admission.backlog.predict(1, time.perf_counter())
             assert predicted is not None and predicted.wait_s > 0
             timeout_ms = f"{max(predicted.latency_s * 1e3 / 4, 1.0):.1f}"
-            start = time.perf_counter()
             refused = httpx.post(url, json={"nodes": [1]}, headers={"X-Timeout-Ms": timeout_ms})
-            elapsed = time.perf_counter() - start
             assert refused.status_code == 429, refused.text
-            assert elapsed < 2.0  # the gate would hold it for 10 s (a loaded machine: not 0.01)
+            assert not gate.open.is_set()  # answered while the gate still held the batches
             assert refused.json() == {
                 "error": {"kind": "overloaded", "message": ANY, "field": None}
             }
