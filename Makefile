@@ -31,7 +31,7 @@ typecheck: $(STAMP)
 	$(BIN)/mypy
 
 test: $(STAMP) lint typecheck
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=15
 
 # Benchmarks need PyG's NeighborLoader baseline: torch-sparse from ../shared/wheels.
 bench: $(STAMP)

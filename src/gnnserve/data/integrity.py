@@ -163,7 +163,8 @@ def check_finite(
             f"{float(table[row, col])} is not finite",
             field,
         )
-    _logged(f"{name}: {table.shape[0]} x {table.shape[1]} {kind}", store_dir, start)
+    what = "features" if name == layout.FEATURES else name
+    _logged(f"{what}: {table.shape[0]} x {table.shape[1]} {kind}", store_dir, start)
 
 
 def _read_npy(path: Path, num_nodes: int) -> np.ndarray:
