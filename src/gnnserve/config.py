@@ -58,7 +58,7 @@ class SamplerConfig(_Strict):
     )
     seed: int = 0  # sampler RNG seed
     # expected sampled nodes (PSGS) above which the parallel path runs
-    parallel_threshold: int = 65536
+    parallel_threshold: int = 8192
     routing: Literal["latency", "throughput"] | None = Field(
         None,
         description="take the parallel threshold from the calibration profile (`gnnserve "

@@ -110,6 +110,7 @@ def test_slo_bound_is_the_inverted_curve(small_store, small_ckpt, tmp_path, boun
     path = _profile(small_store, small_ckpt, tmp_path / "p.json")
     overrides = {
         "sampler.calibration": str(path),
+        "sampler.parallel_threshold": 65536,  # every point here is served inline
         "batcher.latency_slo_ms": slo,
         "batcher.psgs_bound": bound,
     }

@@ -33,7 +33,7 @@ import torch
 
 from gnnserve.dynamic.warmup import warm_up_updates
 from gnnserve.errors import GnnServeError
-from gnnserve.features.stores import _PARALLEL_ROWS
+from gnnserve.features.stores import parallel_gather_rows
 from gnnserve.newnodes.parse import parse_new_nodes
 from gnnserve.sampling.sampler import NeighborSampler
 from gnnserve.sampling.warmup import warm_up_presample_updates
@@ -96,8 +96,9 @@ def _sample_and_fetch(engine: Engine) -> MiniBatch:
         ids = subgraph.input_nodes
         x = engine.features.get(ids)
         in_degree = torch.from_numpy(graph.gcn_degree(ids))
-        if graph.num_nodes >= _PARALLEL_ROWS:  # a batch can reach the parallel gather
-            engine.features.get(np.arange(_PARALLEL_ROWS, dtype=np.int64))
+        rows = parallel_gather_rows(engine.features.dim)
+        if graph.num_nodes >= rows:  # a batch can reach the parallel gather
+            engine.features.get(np.arange(rows, dtype=np.int64))
     finally:
         graph.release_read()
     return MiniBatch(subgraph, x, in_degree)
@@ -131,9 +132,9 @@ def _sample_on_demand_paths(engine: Engine, seeds: np.ndarray) -> None:
     largest = max(cfg.batcher.max_batch_nodes, cfg.admission.max_nodes_per_request)
     heaviest = 0 if served.cost is None else int(np.argmax(served.cost))
     if served.expected_size(np.full(largest, heaviest, np.int64)) >= served.parallel_threshold:
-        # cost None: the expected size is a fanout bound, above every hop's edge count
-        for threshold in (max(int(sampler.expected_size(seeds)), 1), 1):
-            sampler.parallel_threshold = threshold  # by hop: serial draws, then parallel
+        sampler.parallel_threshold = 1  # by hop: serial draws, then parallel ones
+        for draw_edges in (2**62, 0):
+            sampler.parallel_draw_edges = draw_edges
             sampler.sample(seeds)
 
 

@@ -6,6 +6,10 @@ store's segments with slack alike.
 
 Randomness is counter-based (splitmix64 of seed, hop and node id), so a sample depends only on
 its seed and never on thread scheduling: the parallel and serial kernels give identical results.
+
+The loops over a frontier prefetch (``gnnserve.prefetch``) the row metadata ``_META_AHEAD``
+nodes ahead and the first neighbour line ``_ROW_AHEAD`` nodes ahead: the nodes are random, so
+every row is a cache miss the hardware cannot predict (bench/sampling.py, the stage split).
 """
 
 from __future__ import annotations
@@ -13,9 +17,14 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from gnnserve.prefetch import prefetch
+
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _MIX1 = np.uint64(0xBF58476D1CE4E5B9)
 _MIX2 = np.uint64(0x94D049BB133111EB)
+_META_AHEAD = 16  # frontier nodes ahead whose row_start / degree entries are prefetched
+_ROW_AHEAD = 8  # frontier nodes ahead whose first neighbour line is prefetched
+_IDS_AHEAD = 16  # edges ahead whose id-map entry relabel prefetches
 
 
 @numba.njit(inline="always")
@@ -44,8 +53,23 @@ def hop_counts(degree: np.ndarray, frontier: np.ndarray, fanout: int) -> np.ndar
 
 
 @numba.njit(inline="always")
+def _prefetch_ahead(row_start, degree, indices, frontier, i):  # type: ignore[no-untyped-def]
+    """Prefetch what the draws of frontier nodes i + _META_AHEAD and i + _ROW_AHEAD read."""
+    n = frontier.shape[0]
+    if i + _META_AHEAD < n:
+        w = frontier[i + _META_AHEAD]
+        prefetch(row_start, w)
+        prefetch(degree, w)
+    if i + _ROW_AHEAD < n:
+        prefetch(indices, row_start[frontier[i + _ROW_AHEAD]])
+
+
+@numba.njit(inline="always")
 def _draw_row(row_start, degree, indices, v, k, key, edges, start, dst_local):  # type: ignore[no-untyped-def]
-    """Write k distinct uniform neighbours of v into edges[:, start:start+k] (Floyd's algorithm)."""
+    """Write k distinct uniform neighbours of v into edges[:, start:start+k] (Floyd's algorithm).
+
+    Floyd's test "is t taken" is a bit test for rows of at most 64 neighbours and a scan of the
+    positions drawn so far for longer ones: the same draws either way."""
     lo = row_start[v]
     deg = degree[v]
     if k == deg:
@@ -54,6 +78,19 @@ def _draw_row(row_start, degree, indices, v, k, key, edges, start, dst_local):  
             edges[1, start + j] = dst_local
         return
     state = key
+    if deg <= 64:
+        taken = np.uint64(0)
+        for filled, j in enumerate(range(deg - k, deg)):
+            state += _GOLDEN
+            t = np.int64(_mix(state) % np.uint64(j + 1))
+            bit = np.uint64(1) << np.uint64(t)
+            if taken & bit:
+                t = np.int64(j)
+                bit = np.uint64(1) << np.uint64(j)
+            taken |= bit
+            edges[0, start + filled] = indices[lo + t]
+            edges[1, start + filled] = dst_local
+        return
     for filled, j in enumerate(range(deg - k, deg)):
         state += _GOLDEN
         t = np.int64(_mix(state) % np.uint64(j + 1))
@@ -71,6 +108,7 @@ def _draw_row(row_start, degree, indices, v, k, key, edges, start, dst_local):  
 def draw_serial(row_start, degree, indices, frontier, offsets, seed, hop, edges):  # type: ignore[no-untyped-def]
     """Fill ``edges`` [2, offsets[-1]] with (global source, local destination) per frontier node."""
     for i in range(frontier.shape[0]):
+        _prefetch_ahead(row_start, degree, indices, frontier, i)
         k = offsets[i + 1] - offsets[i]
         if k:
             key = row_key(seed, hop, frontier[i])
@@ -81,6 +119,7 @@ def draw_serial(row_start, degree, indices, frontier, offsets, seed, hop, edges)
 def draw_parallel(row_start, degree, indices, frontier, offsets, seed, hop, edges):  # type: ignore[no-untyped-def]
     """``draw_serial`` with frontier nodes spread over threads: identical output."""
     for i in numba.prange(frontier.shape[0]):
+        _prefetch_ahead(row_start, degree, indices, frontier, i)
         k = offsets[i + 1] - offsets[i]
         if k:
             key = row_key(seed, hop, frontier[i])
@@ -107,7 +146,10 @@ def relabel(edges: np.ndarray, nodes: np.ndarray, n_nodes: int, local_id: np.nda
     ``local_id`` is a per-sampler scratch map (global id -> local id, -1 = unseen); returns the new
     node count.
     """
+    sources = edges[0]
     for e in range(edges.shape[1]):
+        if e + _IDS_AHEAD < edges.shape[1]:
+            prefetch(local_id, sources[e + _IDS_AHEAD])
         u = edges[0, e]
         lid = local_id[u]
         if lid < 0:

@@ -71,7 +71,9 @@ def parallel_path(
     graph: GraphStore, fanouts: list[int], seed: int = 0, cost: np.ndarray | None = None
 ) -> NeighborSampler:
     """All-core throughput path: hop by hop, each hop drawn by the parallel numba kernel."""
-    return NeighborSampler(graph, fanouts, seed, parallel_threshold=1, cost=cost)
+    return NeighborSampler(
+        graph, fanouts, seed, parallel_threshold=1, cost=cost, parallel_draw_edges=0
+    )
 
 
 @SAMPLING_PATHS.register("torch")

@@ -15,9 +15,15 @@ from gnnserve.graph.base import GraphStore
 from gnnserve.sampling import kernels
 from gnnserve.types import Block, SampledSubgraph
 
-# Sampled edges per hop above which the parallel kernel beats the inline one (2-core machine;
-# measured with bench/sampling.py). Below it thread start-up costs more than it saves.
-DEFAULT_PARALLEL_THRESHOLD = 65536
+# Expected sampled nodes of a batch (summed PSGS, or the fanout bound) from which it goes on the
+# throughput path (hop by hop) instead of the one-call inline kernel: the routing unit. 8,192:
+# where the two paths cost the same on fb100, R-MAT 2^20 and soc-epinions1 (2 cores, [25, 10],
+# PSGS-costed batches of 16 to 256 seeds); 65,536 before left fb100's 64-256 seeds 1.2-1.3x slower.
+DEFAULT_PARALLEL_THRESHOLD = 8192
+# Edges one hop draws from which the throughput path draws them on every thread: a unit of its
+# own (per hop), never compared with the routing threshold. Waking the pool's threads costs
+# ~18 us (OMP_WAIT_POLICY=PASSIVE); a hop of 2,048 edges takes ~50 us on one core.
+PARALLEL_DRAW_EDGES = 2048
 
 
 def to_subgraph(assembled: tuple, hops: int) -> SampledSubgraph:  # type: ignore[type-arg]
@@ -86,8 +92,9 @@ class NeighborSampler:
     exactly block ``l+1``'s sources. Thread-safe: each call borrows its own scratch map.
 
     A batch whose expected size reaches ``parallel_threshold`` goes on the throughput path: hop by
-    hop with the parallel kernel, or ``throughput`` when set (a calibrated device path such as
-    ``cuda``, which draws the same sample for the same key).
+    hop, each hop of at least ``parallel_draw_edges`` edges drawn by the parallel kernel, or
+    ``throughput`` when set (a calibrated device path such as ``cuda``, which draws the same
+    sample for the same key).
     """
 
     def __init__(
@@ -98,8 +105,10 @@ class NeighborSampler:
         parallel_threshold: int = DEFAULT_PARALLEL_THRESHOLD,
         cost: np.ndarray | None = None,
         throughput: KeyedSampler | None = None,
+        parallel_draw_edges: int = PARALLEL_DRAW_EDGES,
     ) -> None:
         self.graph = graph
+        self.parallel_draw_edges = int(parallel_draw_edges)
         self.throughput = throughput
         self.fanouts = check_fanouts(fanouts)
         self.seed = int(seed)
@@ -183,7 +192,7 @@ class NeighborSampler:
                 edges = np.empty((2, total), dtype=np.int64)
                 draw = (
                     kernels.draw_parallel
-                    if total >= self.parallel_threshold
+                    if total >= self.parallel_draw_edges
                     else kernels.draw_serial
                 )
                 draw(row_start, degree, indices, frontier, offsets, key, hop, edges)
