@@ -5,9 +5,11 @@ once at start-up and handed to each request's NeighborLoader, as PyG's docs allo
 per request would make the baseline far slower still.
 
     python bench/baseline_server.py --store DIR --model CKPT --port 8100 [--torch-threads N]
+        [--sampler pyg-lib|torch-sparse]
 
 ``--torch-threads`` sets torch's intra-op threads (default: torch's own, one per core);
-``GET /health`` reports the count in force.
+``--sampler`` PyG's neighbour sampler: pyg-lib (default, what PyG users get) or its deprecated
+torch-sparse fallback. ``GET /health`` reports both in force.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import argparse
 
 import numpy as np
 import torch
+import torch_geometric.typing as pyg_typing
 import uvicorn
 from fastapi import FastAPI
 from pydantic import BaseModel
@@ -63,7 +66,8 @@ def build_app(store: str, model_dir: str, fanouts: list[int]) -> FastAPI:
 
     @app.get("/health")
     def health() -> dict[str, object]:
-        return {"ok": True, "torch_threads": torch.get_num_threads()}
+        sampler_name = "pyg-lib" if pyg_typing.WITH_PYG_LIB else "torch-sparse"
+        return {"ok": True, "torch_threads": torch.get_num_threads(), "sampler": sampler_name}
 
     return app
 
@@ -75,7 +79,11 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=8100)
     parser.add_argument("--fanouts", default="25,10")
     parser.add_argument("--torch-threads", type=int, default=None, help="torch intra-op threads")
+    parser.add_argument("--sampler", choices=("pyg-lib", "torch-sparse"), default="pyg-lib")
     args = parser.parse_args()
+    if args.sampler == "pyg-lib" and not pyg_typing.WITH_PYG_LIB:
+        parser.error("pyg-lib is not installed: pip install ../shared/wheels/*.whl")
+    pyg_typing.WITH_PYG_LIB = args.sampler == "pyg-lib"  # PyG reads it per sampling call
     if args.torch_threads is not None:
         torch.set_num_threads(args.torch_threads)
     app = build_app(args.store, args.model, [int(f) for f in args.fanouts.split(",")])

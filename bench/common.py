@@ -8,7 +8,8 @@ import os
 import platform
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -64,26 +65,69 @@ class Targets:
             print(f"target {r['name']}: measured {r['measured']} goal {r['goal']} {status}")
 
 
+def strict(value: Any) -> Any:
+    """``value`` with every NaN or infinite float replaced by None (JSON has no such tokens),
+    numpy scalars as Python numbers, tuples as lists; recursively."""
+    if isinstance(value, dict):
+        return {str(k): strict(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [strict(v) for v in value]
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, float) and not np.isfinite(value):
+        return None
+    return value
+
+
 def write_results(name: str, payload: dict[str, Any]) -> Path:
-    """Write ``bench/results/<name>.json`` (with the environment) and return its path."""
+    """Write ``bench/results/<name>.json`` (with the environment) and return its path.
+
+    Strict JSON: a NaN or infinite figure (nothing measured, e.g. no 429 to take a p99 of) is
+    written as null."""
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / f"{name}.json"
-    path.write_text(
-        json.dumps(
-            {"benchmark": name, "environment": environment(), **payload}, indent=2, default=float
-        )
-    )
+    doc = strict({"benchmark": name, "environment": environment(), **payload})
+    path.write_text(json.dumps(doc, indent=2, allow_nan=False, default=float))
     return path
 
 
+PYG_BACKENDS = ("pyg-lib", "torch-sparse")  # the headline baseline first, then the fallback
+
+
 def require_baseline() -> None:
-    """Exit with a clear message when PyG's NeighborLoader cannot run (torch-sparse missing)."""
-    try:
-        import torch_sparse  # noqa: F401
-    except ImportError:
+    """Exit with a clear message unless PyG's NeighborLoader can run on pyg-lib (the path PyG
+    users get) and on torch-sparse (its deprecated fallback, reported beside it)."""
+    missing = []
+    for module in ("pyg_lib", "torch_sparse"):
+        try:
+            __import__(module)
+        except ImportError:
+            missing.append(module)
+    if missing:
         sys.exit(
-            "baseline needs torch-sparse: pip install ../shared/wheels/*.whl (make bench does)"
+            f"the PyG baseline needs {' and '.join(missing)}: pip install ../shared/wheels/*.whl "
+            "(make bench does)"
         )
+
+
+@contextmanager
+def pyg_backend(name: str) -> Iterator[None]:
+    """Run PyG's neighbour sampling on ``name`` (``PYG_BACKENDS``) inside the block.
+
+    PyG picks the sampler per call from ``torch_geometric.typing.WITH_PYG_LIB``: pyg-lib when it
+    is installed, else torch-sparse's deprecated one. The flag is switched off for the fallback
+    and restored after the block.
+    """
+    import torch_geometric.typing as pyg_typing
+
+    if name not in PYG_BACKENDS:
+        raise ValueError(f"unknown PyG backend {name!r}; choose one of {PYG_BACKENDS}")
+    saved = pyg_typing.WITH_PYG_LIB
+    pyg_typing.WITH_PYG_LIB = name == "pyg-lib"
+    try:
+        yield
+    finally:
+        pyg_typing.WITH_PYG_LIB = saved
 
 
 def parse_args(doc: str | None, quick_help: str) -> argparse.Namespace:
@@ -112,9 +156,17 @@ def set_threads(threads: int) -> dict[str, int]:
     import torch
 
     threads = max(1, min(int(threads), int(numba.config.NUMBA_NUM_THREADS)))  # type: ignore[attr-defined]
-    torch.set_num_threads(threads)
     numba.set_num_threads(threads)
-    return {"torch_threads": torch.get_num_threads(), "numba_threads": numba.get_num_threads()}
+    for _ in range(
+        3
+    ):  # seen: the first call after numba's pool started left torch at its old count
+        torch.set_num_threads(threads)
+        if torch.get_num_threads() == threads:
+            break
+    used = {"torch_threads": torch.get_num_threads(), "numba_threads": numba.get_num_threads()}
+    if set(used.values()) != {threads}:
+        raise RuntimeError(f"asked for {threads} threads, got {used}")
+    return used
 
 
 def interleaved_rounds(

@@ -1,6 +1,7 @@
 """Overload: does `gnnserve serve` shed load fast and keep the admitted requests on time?
 
-A real `gnnserve serve` process (GraphSAGE 2x256, fanouts [25, 10], 1 torch thread) on
+A real `gnnserve serve` process (GraphSAGE 2x256, fanouts [25, 10], 1 torch thread and 1 kernel
+thread: the load generator and the event loop share the other core) on
 fb100_cornell5 with 128-dim random features; each request asks for ``NODES`` random nodes (16:
 the model, not the HTTP layer, is then the bottleneck, which is what admission control is for;
 with single-node requests this 2-core machine saturates its event loop and the load generator
@@ -264,7 +265,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         store, ckpt, n = fb100_sage(Path(tmp), "random init for the overload benchmark")
         port = free_port()
-        proc = start_server(store, ckpt, port, "--fanouts", "25,10", "--torch-threads", "1")
+        threads = ("--torch-threads", "1", "--kernel-threads", "1")  # one core's worth of compute
+        proc = start_server(store, ckpt, port, "--fanouts", "25,10", *threads)
         ctx = get_context("spawn")
         try:
             with ProcessPoolExecutor(1, mp_context=ctx) as pool:

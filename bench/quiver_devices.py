@@ -1,5 +1,6 @@
 """The ``devices`` section of bench/quiver.py: sample + feature gather per batch on every sampling
-path this machine has (inline, parallel, torch; cuda with a GPU) against PyG's NeighborLoader.
+path this machine has (inline, parallel, torch; cuda with a GPU) against PyG's NeighborLoader on
+pyg-lib (the sampler PyG users get; its torch-sparse fallback runs beside it, labelled).
 
 Each arm does what a batch needs before the model: the sampled blocks and the gathered input
 features. gnnserve's CPU paths gather from the in-memory store; the cuda path gathers on the GPU
@@ -17,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from common import fmt_range, interleaved_rounds, median_range, ratios, time_calls
+from common import fmt_range, interleaved_rounds, median_range, pyg_backend, ratios, time_calls
 from gnnserve.features import open_feature_store
 from gnnserve.graph import open_graph_store
 from gnnserve.sampling.metrics import psgs
@@ -50,8 +51,11 @@ def path_step(name: str, store: Path, fanouts: list[int]) -> Callable[[np.ndarra
     return step
 
 
-def pyg_step(store: Path, fanouts: list[int], batches: list[np.ndarray], device: str) -> Callable:
-    """Next batch of a NeighborLoader over ``batches`` (features gathered), moved to ``device``."""
+def pyg_step(
+    store: Path, fanouts: list[int], batches: list[np.ndarray], device: str, backend: str
+) -> Callable:
+    """Next batch of a NeighborLoader over ``batches`` (features gathered), moved to ``device``,
+    sampled by PyG's ``backend`` (pyg-lib or torch-sparse)."""
     from torch_geometric.data import Data
     from torch_geometric.loader import NeighborLoader
 
@@ -71,7 +75,8 @@ def pyg_step(store: Path, fanouts: list[int], batches: list[np.ndarray], device:
     it = iter(loader)
 
     def step(_seeds: np.ndarray) -> object:
-        batch = next(it)
+        with pyg_backend(backend):
+            batch = next(it)
         if device == "cuda":
             batch = batch.to("cuda")
             torch.cuda.synchronize()
@@ -102,8 +107,11 @@ def run_devices(store: Path, fanouts: list[int], rounds: int, quick: bool) -> di
             arms[name] = lambda s=step, b=batches: block_ms(s, b)
         for device in ["cpu"] + (["cuda"] if "cuda" in paths else []):
             arms[f"pyg_{device}"] = lambda d=device, b=batches: block_ms(
-                pyg_step(store, fanouts, b, d), b
+                pyg_step(store, fanouts, b, d, "pyg-lib"), b
             )
+        arms["pyg_cpu_torch_sparse"] = lambda b=batches: block_ms(
+            pyg_step(store, fanouts, b, "cpu", "torch-sparse"), b
+        )
 
         def show(r: int, v: dict[str, float], size: int = size) -> None:
             cells = "  ".join(f"{k} {ms:.2f}" for k, ms in v.items())
@@ -114,6 +122,11 @@ def run_devices(store: Path, fanouts: list[int], rounds: int, quick: bool) -> di
         for name in paths:
             base = times["pyg_cuda" if name == "cuda" else "pyg_cpu"]
             row[f"{name}_speedup_over_pyg"] = median_range(ratios(base, times[name]))
+            if name != "cuda":
+                fallback = times["pyg_cpu_torch_sparse"]
+                row[f"{name}_speedup_over_pyg_torch_sparse"] = median_range(
+                    ratios(fallback, times[name])
+                )
             shown = fmt_range(row[f"{name}_speedup_over_pyg"], ".1f", "x")
             print(f"[quiver]   {size} seeds: {name} over PyG {shown}", flush=True)
         out["batch_sizes"][str(size)] = row

@@ -1,5 +1,9 @@
 """HTTP serving load: `gnnserve serve` vs the PyG baseline server (bench/baseline_server.py).
 
+The baseline samples with pyg-lib, as PyG users do; the same server on PyG's deprecated
+torch-sparse fallback runs beside it at the largest thread count (``baseline_torch_sparse``,
+labelled, never the headline; ``--no-fallback`` skips it).
+
 GraphSAGE, 2 layers, hidden 256, fanouts [25, 10], single-node requests on fb100_cornell5 with
 128-dim random features (both servers load the same store and checkpoint; weights are a seeded
 random init: throughput does not depend on their values). Open-loop Poisson load from this
@@ -57,7 +61,8 @@ P99_BUDGET_MS = 30.0
 FIXED_RPS = 100.0  # below both servers' capacity on the 2-core reference machine
 START_RPS = 100.0  # first rung of the first round's ladder
 MAX_RPS = 4000.0  # the in-process load generator's ceiling on 2 cores
-SIDES = ("baseline", "gnnserve")
+SIDES = ("baseline", "gnnserve")  # the headline pair: the baseline samples with pyg-lib
+FALLBACK = "baseline_torch_sparse"  # the same baseline on PyG's deprecated torch-sparse sampler
 
 
 def launch(side: str, store: Path, ckpt: Path, port: int, threads: int) -> subprocess.Popen[bytes]:
@@ -66,7 +71,9 @@ def launch(side: str, store: Path, ckpt: Path, port: int, threads: int) -> subpr
     if side == "gnnserve":
         cmd = [sys.executable, "-m", "gnnserve.cli", "serve", *common_args, "--fanouts", "25,10"]
     else:
-        cmd = [sys.executable, str(Path(__file__).with_name("baseline_server.py")), *common_args]
+        sampler = "torch-sparse" if side == FALLBACK else "pyg-lib"
+        script = str(Path(__file__).with_name("baseline_server.py"))
+        cmd = [sys.executable, script, *common_args, "--sampler", sampler]
     env = {
         **os.environ,
         "PYTHONUNBUFFERED": "1",
@@ -131,6 +138,7 @@ class Session:
             else:
                 health = wait_health(f"{base}/health", proc)
                 record["reported_torch_threads"] = health.get("torch_threads")
+                record["sampler"] = health.get("sampler")
                 url = f"{base}/predict"
             record["start_s"] = round(time.perf_counter() - t0, 1)
             asyncio.run(loadgen.closed_loop(url, [{"nodes": [i]} for i in range(200)], 8))
@@ -187,6 +195,19 @@ def summarise(
         for side in SIDES
     }
     cap = {side: configs[best[side]]["capacity_rps"] for side in SIDES}
+    fallback = [k for k in configs if configs[k]["side"] == FALLBACK]
+    beside = {}
+    if fallback:
+        fb = configs[fallback[0]]["capacity_rps"]
+        n = len(fb["rounds"])
+        beside = {
+            FALLBACK: {
+                "config": fallback[0],
+                "capacity_rps": fb,
+                "gnnserve_ratio": median_range(ratios(cap["gnnserve"]["rounds"][:n], fb["rounds"])),
+                "note": "PyG's deprecated torch-sparse sampler, reported beside the headline",
+            }
+        }
     return {
         "threads": {
             side: {
@@ -202,6 +223,7 @@ def summarise(
         ),
         "fixed_load_rps": FIXED_RPS,
         "fixed_load_p99_ms": {side: configs[best[side]]["fixed_load_p99_ms"] for side in SIDES},
+        "beside": beside,
         "configs": configs,
     }
 
@@ -250,6 +272,9 @@ def parse() -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="smoke run: 2 rounds, 1 s steps, 30%%")
     p.add_argument("--rounds", type=int, default=None, help="rounds (default 3; quick 2)")
     p.add_argument("--threads", default="1,2", help="torch thread counts tried on both sides")
+    p.add_argument(
+        "--no-fallback", action="store_true", help="skip the torch-sparse baseline beside it"
+    )
     args = p.parse_args()
     args.threads = [int(t) for t in args.threads.split(",")]
     args.rounds = args.rounds or (2 if args.quick else 3)
@@ -278,6 +303,15 @@ def main() -> None:
                     return float(sessions[key][-1]["capacity_rps"])
 
                 arms[key] = arm
+        if not opts.no_fallback:
+            key = f"{FALLBACK}@{max(opts.threads)}"
+            sessions[key] = []
+
+            def fallback_arm(key: str = key) -> float:
+                sessions[key].append(session.run(FALLBACK, max(opts.threads), None))
+                return float(sessions[key][-1]["capacity_rps"])
+
+            arms[key] = fallback_arm
         marks = [time.perf_counter()]
 
         def on_round(r: int, _v: dict[str, float]) -> None:
@@ -318,6 +352,13 @@ def main() -> None:
         f"p99 at {FIXED_RPS:.0f}/s: gnnserve {fmt_range(p99['gnnserve'], '.2f')} ms, "
         f"baseline {fmt_range(p99['baseline'], '.2f')} ms"
     )
+    if summary["beside"]:
+        fb = summary["beside"][FALLBACK]
+        print(
+            f"beside it: the baseline on torch-sparse ({fb['config']}) "
+            f"{fmt_range(fb['capacity_rps'], '.0f')}/s, gnnserve "
+            f"{fmt_range(fb['gnnserve_ratio'], '.1f', 'x')} that"
+        )
     print(f"wrote {out} and {out.with_suffix('.png')} ({payload['wall_s']:.0f} s)")
     targets = Targets()
     targets.check(

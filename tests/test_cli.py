@@ -166,6 +166,7 @@ SERVE_FLAG_VALUES = [
     ("--timeout-s", "1.5", "admission.timeout_s", 1.5),
     ("--max-nodes", "9", "admission.max_nodes_per_request", 9),
     ("--torch-threads", "2", "compute.torch_threads", 2),
+    ("--kernel-threads", "1", "compute.kernel_threads", 1),
     ("--no-warm-up", None, "compute.warm_up", False),
     ("--update-log", "u.log", "store.update_log", "u.log"),
     ("--fsync", "never", "store.fsync", "never"),

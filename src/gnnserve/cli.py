@@ -41,6 +41,7 @@ SERVE_FLAGS: tuple[tuple[str, str], ...] = (
     ("--timeout-s", "admission.timeout_s"),
     ("--max-nodes", "admission.max_nodes_per_request"),
     ("--torch-threads", "compute.torch_threads"),
+    ("--kernel-threads", "compute.kernel_threads"),
     ("--no-warm-up", "compute.warm_up"),
     ("--update-log", "store.update_log"),
     ("--fsync", "store.fsync"),

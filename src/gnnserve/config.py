@@ -119,6 +119,13 @@ class ComputeConfig(_Strict):
     # the default: batches are small and the pipeline stages already use both cores; with two,
     # a batch-1 forward took 1.6 ms instead of 0.2 ms (bench/serving.py machine).
     torch_threads: int | None = Field(1, ge=1, description="torch intra-op threads")
+    kernel_threads: int | None = Field(
+        None,
+        ge=1,
+        description="threads of each stage's numba sampling and gather kernels (parallel draws, "
+        "parallel gathers); unset: every core. The stages run in threads of their own beside "
+        "the event loop: on a small machine shared with clients, 1 keeps the loop responsive",
+    )
     warm_up: bool = Field(
         True,
         description="run the request path once at start-up (numba compiles its kernels for this "

@@ -117,3 +117,28 @@ def test_find_capacity_edges() -> None:
 def test_result_name_keeps_full_results_apart_from_quick_ones() -> None:
     assert common.result_name("sampling", False) == "sampling"
     assert common.result_name("sampling", True) == "sampling_quick"
+
+
+def test_results_are_strict_json(tmp_path, monkeypatch) -> None:
+    import json
+
+    monkeypatch.setattr(common, "RESULTS", tmp_path)
+    payload = {
+        "p99": float("nan"),
+        "ratio": np.float64("inf"),
+        "n": np.int64(3),
+        "t": (1.5, -np.inf),
+    }
+    path = common.write_results("x", payload)
+    doc = json.loads(path.read_text(), parse_constant=lambda c: pytest.fail(f"non-strict {c}"))
+    assert (doc["p99"], doc["ratio"], doc["n"], doc["t"]) == (None, None, 3, [1.5, None])
+
+
+def test_pyg_backend_switches_the_sampler_and_restores_it() -> None:
+    typing = pytest.importorskip("torch_geometric.typing")
+    before = typing.WITH_PYG_LIB
+    with common.pyg_backend("torch-sparse"):
+        assert typing.WITH_PYG_LIB is False
+    assert before == typing.WITH_PYG_LIB
+    with pytest.raises(ValueError, match="pyg-lib"), common.pyg_backend("dgl"):
+        pass

@@ -74,3 +74,29 @@ def test_a_straggler_holds_only_its_own_pipeline(small_store, small_ckpt, pipeli
         slow.result(30)
         for future in fast:
             future.result(30)
+
+
+@pytest.mark.parametrize("kernel_threads", [None, 1])
+def test_stage_threads_run_their_kernels_on_the_configured_threads(
+    small_store, small_ckpt, kernel_threads
+) -> None:
+    import numba
+
+    config = serve_config(small_store, small_ckpt, **{"compute.kernel_threads": kernel_threads})
+    engine = build_engine(config)
+    seen: dict[str, int] = {}
+    sample, fetch = engine.executor.sample, engine.executor._fetch  # type: ignore[attr-defined]
+
+    def spy(name, real):  # type: ignore[no-untyped-def]
+        def wrapped(batch):  # type: ignore[no-untyped-def]
+            seen[name] = numba.get_num_threads()
+            return real(batch)
+
+        return wrapped
+
+    engine.executor.sample = spy("sample", sample)  # type: ignore[method-assign]
+    engine.executor._fetch = spy("fetch", fetch)  # type: ignore[attr-defined]
+    with engine:
+        engine.predict([1, 2, 3])
+    want = kernel_threads or numba.config.NUMBA_NUM_THREADS
+    assert seen == {"sample": want, "fetch": want}

@@ -23,7 +23,7 @@ import torch
 
 from gnnserve.engine.batcher import STOP, Batch, drop_expired
 from gnnserve.engine.executor import BatchSource, ExecutionContext, Executor
-from gnnserve.engine.pipeline import Stage, fail_batch
+from gnnserve.engine.pipeline import Stage, fail_batch, use_kernel_threads
 from gnnserve.errors import GnnServeError
 from gnnserve.models.runner import ModelRunner
 from gnnserve.types import MiniBatch, Result, SampledSubgraph, StageTimings
@@ -65,6 +65,7 @@ class LocalExecutor(Executor):
             slots.release()
 
         suffix = f"-{index}" if index else ""
+        threads = self.context.config.compute.kernel_threads
         return [
             threading.Thread(
                 target=self._sample_loop,
@@ -72,8 +73,8 @@ class LocalExecutor(Executor):
                 name=f"gnnserve-sample{suffix}",
                 daemon=True,
             ),
-            Stage("fetch", self._fetch, to_fetch, to_compute, release, suffix),
-            Stage("compute", self._compute, to_compute, None, release, suffix),
+            Stage("fetch", self._fetch, to_fetch, to_compute, release, suffix, threads),
+            Stage("compute", self._compute, to_compute, None, release, suffix, threads),
         ]
 
     def stop(self, timeout_s: float = 30.0) -> None:
@@ -96,6 +97,7 @@ class LocalExecutor(Executor):
     ) -> None:
         assert self._source is not None
         graph = self.context.graph
+        use_kernel_threads(self.context.config.compute.kernel_threads)
         while True:
             slots.acquire()
             with self._take:

@@ -8,6 +8,8 @@ import threading
 import time
 from collections.abc import Callable
 
+import numba
+
 from gnnserve.engine.batcher import STOP, Batch
 from gnnserve.errors import GnnServeError, InvalidInputError, internal_error
 
@@ -22,6 +24,14 @@ def fail_batch(batch: Batch, exc: BaseException) -> None:
     for ticket in batch.tickets:
         if not ticket.future.done():
             ticket.future.set_exception(exc)
+
+
+def use_kernel_threads(threads: int | None) -> None:
+    """Run this thread's numba parallel kernels on ``threads`` threads (numba's count is per
+    calling thread; None leaves every core; more than numba's pool is capped)."""
+    if threads is not None:
+        pool = int(numba.config.NUMBA_NUM_THREADS)  # type: ignore[attr-defined]
+        numba.set_num_threads(max(1, min(int(threads), pool)))
 
 
 def check_default_fanouts(batch: Batch, default: tuple[int, ...], deployment: str) -> None:
@@ -46,8 +56,10 @@ class Stage(threading.Thread):
         outbox: queue.Queue[object] | None,
         on_exit: Callable[[Batch], None] | None = None,
         suffix: str = "",
+        kernel_threads: int | None = None,
     ) -> None:
         super().__init__(name=f"gnnserve-{name}{suffix}", daemon=True)  # suffix: pipeline
+        self.kernel_threads = kernel_threads
         self.stage_name = name
         self.work = work
         self.inbox = inbox
@@ -55,6 +67,7 @@ class Stage(threading.Thread):
         self.on_exit = on_exit  # called when a batch leaves the pipeline here (done or failed)
 
     def run(self) -> None:
+        use_kernel_threads(self.kernel_threads)
         while True:
             item = self.inbox.get()
             if item is STOP:

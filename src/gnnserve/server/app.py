@@ -40,6 +40,7 @@ from gnnserve.server.limits import (
     error_json,
     retry_headers,
 )
+from gnnserve.server.looplag import LoopLag
 from gnnserve.server.metrics import ServerMetrics
 from gnnserve.server.schemas import (
     ErrorResponse,
@@ -171,6 +172,7 @@ def create_app(
     Request bodies are limited to ``server.max_body_bytes`` (server.limits).
     """
     metrics = ServerMetrics()
+    loop_lag = LoopLag(observe=metrics.loop_lag.observe)
     engine.observers.append(metrics.observe_batch)
     metrics.watch_executor(engine.executor.describe)
     metrics.also_render(tier_stats(lambda: engine.features))
@@ -178,6 +180,7 @@ def create_app(
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         engine.start()
+        loop_lag.start()
         # torch + PyG + FastAPI leave ~380K tracked objects: every full collection scanned them
         # all (220 ms, over 500 ms under load: the p99 spikes of bench/serving.py). Freezing the
         # start-up heap keeps later collections to what requests allocate.
@@ -187,14 +190,16 @@ def create_app(
         warming = asyncio.create_task(asyncio.to_thread(_warm_up, engine))
         yield
         await warming  # the engine must not close its stores under a running warm-up
+        await loop_lag.stop()
         engine.stop()  # uvicorn has already finished in-flight requests: this drains the engine
 
     app = FastAPI(title="gnnserve", version="0.1.0", lifespan=lifespan)
     app.state.engine = engine
+    app.state.loop_lag = loop_lag
     app.state.metrics = metrics
     app.state.model_name = model_name
     app.state.requests = RequestCounts()  # `gnnserve serve` reports them when it stops
-    app.add_middleware(SheddingMiddleware, engine=engine, metrics=metrics)  # 429 before body
+    app.add_middleware(SheddingMiddleware, engine=engine, metrics=metrics, loop_lag=loop_lag)
     app.add_middleware(CountRequests, counts=app.state.requests)
     _limit_and_guard(app, engine, metrics, api_keys)
 

@@ -44,6 +44,12 @@ class ServerMetrics:
             "gnnserve_requests_total", "Requests answered", ["endpoint"], registry=r
         )
         self.errors = Counter("gnnserve_errors_total", "Errors by kind", ["kind"], registry=r)
+        self.loop_lag = Histogram(
+            "gnnserve_event_loop_lag_seconds",
+            "How late the event loop woke a task (sampled every 5 ms)",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
 
     def watch_executor(self, describe: Callable[[], dict[str, object]]) -> None:
         """Export the engine executor's ``describe()`` on every scrape: ``gnnserve_deploy_info``

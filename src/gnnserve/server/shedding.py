@@ -8,7 +8,9 @@ admitted right now (in-flight bound, predicted queueing delay, the caller's dead
 not, answers a pre-encoded JSON 429 with a ``Retry-After`` header without reading the body.
 Requests it lets through carry their arrival time and deadline (``X-Timeout-Ms``) to admission,
 which checks them again with their real size once parsed; when their response is sent, its
-time calibrates admission's predictions.
+time calibrates admission's predictions. The arrival is dated back by the event loop's recent
+lag (:mod:`gnnserve.server.looplag`): the time the request waited for the loop counts against
+its deadline too.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from gnnserve.engine.admission import REQUEST, TIMEOUT_HEADER, RequestContext, parse_timeout_ms
 from gnnserve.engine.engine import Engine
 from gnnserve.errors import GnnServeError, InvalidInputError, OverloadedError
+from gnnserve.server.looplag import LoopLag
 from gnnserve.server.metrics import ServerMetrics
 
 _HEADER = TIMEOUT_HEADER.lower().encode("latin-1")
@@ -59,9 +62,16 @@ async def _answer(send: Send, status: int, body: bytes, extra: list[tuple[bytes,
 class SheddingMiddleware:
     """Answers 429 to predict requests the engine would refuse now, before reading the body."""
 
-    def __init__(self, app: ASGIApp, engine: Engine, metrics: ServerMetrics | None = None) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        engine: Engine,
+        metrics: ServerMetrics | None = None,
+        loop_lag: LoopLag | None = None,
+    ) -> None:
         self.app = app
         self.admission = engine.admission
+        self.loop_lag = loop_lag
         self._refused: Any = metrics.errors.labels("overloaded") if metrics is not None else None
         self._invalid: Any = metrics.errors.labels("invalid_input") if metrics is not None else None
 
@@ -70,6 +80,8 @@ class SheddingMiddleware:
             await self.app(scope, receive, send)
             return
         now = time.perf_counter()
+        if self.loop_lag is not None:
+            now -= self.loop_lag.recent_s  # it waited about that long for the loop
         deadline = None
         raw = _header(scope, _HEADER)
         if raw is not None:
