@@ -50,7 +50,16 @@ import numpy as np
 import torch
 
 import gnnserve  # noqa: F401  (first: sets the OpenMP wait policy)
-from common import DATASETS, RESULTS, Targets, environment, median_range, ratios, save_figure
+from common import (
+    DATASETS,
+    RESULTS,
+    Targets,
+    environment,
+    median_range,
+    ratios,
+    save_figure,
+    strict,
+)
 from faas_trace import arrivals, bursty_window, frequent_functions, query_sequence
 from gnnserve.data import generators
 from gnnserve.data.importers import load_npz
@@ -400,7 +409,8 @@ def write(results: dict[str, Any], targets: Targets, name: str) -> None:
     import matplotlib.pyplot as plt
 
     results["targets"] = targets.rows
-    (RESULTS / f"{name}.json").write_text(json.dumps(results, indent=2, default=float))
+    text = json.dumps(strict(results), indent=2, allow_nan=False, default=float)
+    (RESULTS / f"{name}.json").write_text(text)
     configs = results["configs"]
     fig, axes = plt.subplots(len(configs), 3, figsize=(15, 3.6 * len(configs)), squeeze=False)
     for row, cfg in zip(axes, configs, strict=True):

@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 import gnnserve  # noqa: F401  (first: sets the OpenMP wait policy)
-from common import RESULTS, Targets, environment, median_range, save_figure
+from common import RESULTS, Targets, environment, median_range, save_figure, strict
 from fog_data import BenchGraph, load, model
 from fog_exchange import run_exchange
 from gnnserve.deploy.fog.service import FogService, NodeSpec
@@ -226,21 +226,21 @@ def main() -> None:
                 row = run_config(bench, a, n, args.fog_link, args.rounds, args.work)
                 rows[_key(row)] = row
             results["compare"] = list(rows.values())
-            path.write_text(json.dumps(results, indent=2, default=float))
+            path.write_text(json.dumps(strict(results), indent=2, allow_nan=False, default=float))
         if "trace" in args.sections:
             bench = load("facebook_pagepage", args.work)
             rounds = 6 if args.quick else 12
             repeats = 1 if args.quick else args.trace_repeats
             results["trace"] = run_traces(bench, args.fog_link, rounds, repeats, args.work)
-            path.write_text(json.dumps(results, indent=2, default=float))
+            path.write_text(json.dumps(strict(results), indent=2, allow_nan=False, default=float))
         if "exchange" in args.sections:
             results["exchange"] = run_exchange(load("facebook_pagepage", args.work))
-            path.write_text(json.dumps(results, indent=2, default=float))
+            path.write_text(json.dumps(strict(results), indent=2, allow_nan=False, default=float))
     finally:
         ray.shutdown()
     check(results, targets)
     results["targets"] = targets.rows
-    path.write_text(json.dumps(results, indent=2, default=float))
+    path.write_text(json.dumps(strict(results), indent=2, allow_nan=False, default=float))
     plot(results, RESULTS / f"{name}.png")
     targets.print()
 

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 import gnnserve  # noqa: F401  (first: sets the OpenMP wait policy)
-from common import RESULTS, Targets, environment, fb100_sage, save_figure
+from common import RESULTS, Targets, environment, fb100_sage, save_figure, strict
 from gnnserve.data import generators
 from gnnserve.data.writer import write_store
 from gnnserve.deploy.ray import start_ray, stop_ray
@@ -184,7 +184,7 @@ def main() -> None:
             "targets": targets.rows,
         }
         results["targets"] = [t for s in results.values() if "results" in s for t in s["targets"]]
-        path.write_text(json.dumps(results, indent=2, default=float))
+        path.write_text(json.dumps(strict(results), indent=2, allow_nan=False, default=float))
         targets.print()
     plot(results, RESULTS / f"{name}.png")
 
