@@ -81,9 +81,10 @@ def _ms(start: float) -> float:
 
 
 def stage_times(
-    graph: object, table: np.ndarray, fanouts: list[int], seeds: np.ndarray
+    graph: object, table: np.ndarray, fanouts: list[int], seeds: np.ndarray, key: int = 1
 ) -> StageTimes:
-    """Time each kernel of one batch (hop by hop, as the throughput path runs them)."""
+    """Time each kernel of one batch (hop by hop, as the throughput path runs them, with draw
+    key ``key``: the sample ``NeighborSampler.sample(seeds, rng_seed=key)`` draws)."""
     row_start, degree, indices = graph.adjacency()  # type: ignore[attr-defined]
     local_id = np.full(graph.num_nodes, -1, dtype=np.int32)  # type: ignore[attr-defined]
     nodes = np.empty(seeds.size, dtype=np.int64)
@@ -107,7 +108,7 @@ def stage_times(
         t["plain"] += _ms(start)
         draw = kernels.draw_parallel if total >= PARALLEL_DRAW_EDGES else kernels.draw_serial
         start = time.perf_counter()
-        draw(row_start, degree, indices, frontier, offsets, np.uint64(hop + 1), hop, edges)
+        draw(row_start, degree, indices, frontier, offsets, np.uint64(key), hop, edges)
         t["draw"] += _ms(start)
         start = time.perf_counter()
         n_nodes = kernels.relabel(edges, nodes, n_nodes, local_id)
