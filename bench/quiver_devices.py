@@ -18,7 +18,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from common import fmt_range, interleaved_rounds, median_range, pyg_backend, ratios, time_calls
+from common import (
+    PYG_BACKENDS,
+    fmt_range,
+    interleaved_rounds,
+    median_range,
+    pyg_backend,
+    ratios,
+    time_calls,
+)
 from gnnserve.features import open_feature_store
 from gnnserve.graph import open_graph_store
 from gnnserve.sampling.metrics import psgs
@@ -91,13 +99,24 @@ def block_ms(step: Callable[[np.ndarray], object], batches: list[np.ndarray]) ->
     return float(np.median(time_calls(lambda _i: step(next(it)), len(batches) - WARMUP, WARMUP)))
 
 
+def _importable(module: str) -> bool:
+    try:
+        __import__(module)
+    except ImportError:
+        return False
+    return True
+
+
 def run_devices(store: Path, fanouts: list[int], rounds: int, quick: bool) -> dict[str, Any]:
     """Per batch size: median ms per batch of every path and of PyG, interleaved over
     ``rounds``; each path's speedup over PyG (same device) as the median of per-round ratios."""
     paths = available_paths()
     num_nodes = open_graph_store(store).num_nodes
     rng = np.random.default_rng(7)
-    out: dict[str, Any] = {"paths": paths, "batch_sizes": {}}
+    backends = [b for b in PYG_BACKENDS if _importable(b.replace("-", "_"))]
+    out: dict[str, Any] = {"paths": paths, "pyg_backends": backends, "batch_sizes": {}}
+    if not backends:
+        print("[quiver] no PyG sampler here (pyg-lib, torch-sparse): gnnserve's paths only")
     for size, timed in BATCH_SIZES.items():
         timed = max(5, timed // 5) if quick else timed
         batches = [rng.choice(num_nodes, size, replace=False) for _ in range(WARMUP + timed)]
@@ -106,12 +125,14 @@ def run_devices(store: Path, fanouts: list[int], rounds: int, quick: bool) -> di
             step = path_step(name, store, fanouts)
             arms[name] = lambda s=step, b=batches: block_ms(s, b)
         for device in ["cpu"] + (["cuda"] if "cuda" in paths else []):
-            arms[f"pyg_{device}"] = lambda d=device, b=batches: block_ms(
-                pyg_step(store, fanouts, b, d, "pyg-lib"), b
+            if "pyg-lib" in backends:
+                arms[f"pyg_{device}"] = lambda d=device, b=batches: block_ms(
+                    pyg_step(store, fanouts, b, d, "pyg-lib"), b
+                )
+        if "torch-sparse" in backends:
+            arms["pyg_cpu_torch_sparse"] = lambda b=batches: block_ms(
+                pyg_step(store, fanouts, b, "cpu", "torch-sparse"), b
             )
-        arms["pyg_cpu_torch_sparse"] = lambda b=batches: block_ms(
-            pyg_step(store, fanouts, b, "cpu", "torch-sparse"), b
-        )
 
         def show(r: int, v: dict[str, float], size: int = size) -> None:
             cells = "  ".join(f"{k} {ms:.2f}" for k, ms in v.items())
@@ -120,9 +141,11 @@ def run_devices(store: Path, fanouts: list[int], rounds: int, quick: bool) -> di
         times = interleaved_rounds(arms, rounds, show)
         row: dict[str, Any] = {k: median_range(v) for k, v in times.items()}
         for name in paths:
-            base = times["pyg_cuda" if name == "cuda" else "pyg_cpu"]
+            base = times.get("pyg_cuda" if name == "cuda" else "pyg_cpu")
+            if base is None:
+                continue
             row[f"{name}_speedup_over_pyg"] = median_range(ratios(base, times[name]))
-            if name != "cuda":
+            if name != "cuda" and "pyg_cpu_torch_sparse" in times:
                 fallback = times["pyg_cpu_torch_sparse"]
                 row[f"{name}_speedup_over_pyg_torch_sparse"] = median_range(
                     ratios(fallback, times[name])
@@ -131,3 +154,37 @@ def run_devices(store: Path, fanouts: list[int], rounds: int, quick: bool) -> di
             print(f"[quiver]   {size} seeds: {name} over PyG {shown}", flush=True)
         out["batch_sizes"][str(size)] = row
     return out
+
+
+def main() -> None:
+    """``python bench/quiver_devices.py [--quick] [--rounds N]``: the devices section alone,
+    without the rest of bench/quiver.py (which needs Ray), for a machine lent with a GPU:
+    fb100 and R-MAT 2^20 / 10M edges; writes ``results/quiver_devices_<gpu or cpu>.json``."""
+    import argparse
+    import tempfile
+
+    from common import fb100_sage, strict, write_results
+    from gnnserve.data import generators
+    from gnnserve.data.writer import write_store
+
+    parser = argparse.ArgumentParser(description=(main.__doc__ or "").splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    out: dict[str, Any] = {"gpu": gpu, "cpu_threads": torch.get_num_threads()}
+    with tempfile.TemporaryDirectory() as tmp:
+        stores = {"fb100_cornell5": fb100_sage(Path(tmp) / "fb", "devices")[0]}
+        rmat = generators.rmat(num_nodes=2**20, num_edges=10_000_000, feature_dim=64)
+        write_store(rmat, Path(tmp) / "rmat")
+        stores["rmat"] = Path(tmp) / "rmat"
+        for name, store in stores.items():
+            print(f"[quiver] devices {name} ...", flush=True)
+            out[name] = run_devices(store, [25, 10], args.rounds, args.quick)
+    tag = "gpu" if gpu else "cpu"
+    path = write_results(f"quiver_devices_{tag}{'_quick' if args.quick else ''}", strict(out))
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
