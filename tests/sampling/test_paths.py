@@ -32,6 +32,19 @@ def test_registry_lists_the_cpu_paths_and_cuda_only_with_a_gpu() -> None:
     assert throughput_path() == ("cuda" if torch.cuda.is_available() else "parallel")
 
 
+@pytest.fixture(autouse=True)
+def _kernels_compiled(small_store: Path) -> None:
+    """Compile every sampling kernel before a test replaces one with a spy: a jitted kernel
+    compiled while ``kernels.draw_serial`` is a Python spy fails to type (and the failure sticks
+    to the process), which a cold numba cache (a fresh machine) made these tests meet."""
+    graph = open_graph_store(small_store)
+    seeds = np.arange(4, dtype=np.int64)
+    for threshold, draw_edges in ((2**62, 0), (1, 2**62), (1, 0)):  # inline, serial, parallel
+        NeighborSampler(
+            graph, FANOUTS, parallel_threshold=threshold, parallel_draw_edges=draw_edges
+        ).sample(seeds)
+
+
 def _spy(monkeypatch: pytest.MonkeyPatch, name: str) -> list[int]:
     """Count the calls of the real kernel ``kernels.<name>`` (it still runs)."""
     calls: list[int] = []
