@@ -168,11 +168,12 @@ def check_finite(
 
 
 def _read_npy(path: Path, num_nodes: int) -> np.ndarray:
-    """A listed ``.npy`` file of one entry per node, read without unpickling anything."""
+    """A listed ``.npy`` file of one entry per node, memory-mapped (opening a store for serving
+    scans it without holding it in memory), read without unpickling anything."""
     if not path.is_file():
         raise StoreFormatError(f"{path}: missing ({layout.META} lists it)", _FIELD)
     try:
-        arr = np.load(path, allow_pickle=False)
+        arr = np.load(path, mmap_mode="r", allow_pickle=False)
     except Exception as exc:  # noqa: BLE001 - a damaged header raises SyntaxError, TypeError, ...
         raise StoreFormatError(f"{path}: not a readable .npy array ({exc})", _FIELD) from None
     if not isinstance(arr, np.ndarray) or arr.shape != (num_nodes,):

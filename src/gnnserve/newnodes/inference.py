@@ -36,7 +36,6 @@ from gnnserve.newnodes.policies import (
     PolicyInputs,
     budget,
     importance_scores,
-    seed_bits,
     select_targets,
 )
 from gnnserve.newnodes.result import (
@@ -51,7 +50,7 @@ from gnnserve.newnodes.result import (
 )
 from gnnserve.registry import Registry
 from gnnserve.sampling import kernels
-from gnnserve.sampling.sampler import to_subgraph
+from gnnserve.sampling.sampler import seed_bits, to_subgraph
 from gnnserve.types import Block, NewNodes, SampledSubgraph
 
 __all__ = [

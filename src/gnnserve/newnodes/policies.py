@@ -21,16 +21,10 @@ import numpy as np
 
 from gnnserve.errors import InvalidInputError, echo
 from gnnserve.registry import Registry
+from gnnserve.sampling.sampler import seed_bits
 
 DEFAULT_POLICY = "query_edges_ratio"
 SEED_MIN, SEED_MAX = -(1 << 63), (1 << 64) - 1  # a seed is any 64-bit integer, signed or not
-_SEED_MASK = (1 << 64) - 1
-
-
-def seed_bits(seed: int) -> int:
-    """The unsigned 64-bit value of a seed (two's complement for a negative one): the value
-    every generator is seeded with, so -1 and 2^64 - 1 draw the same."""
-    return int(seed) & _SEED_MASK
 
 
 @dataclass(frozen=True)

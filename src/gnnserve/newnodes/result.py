@@ -97,7 +97,7 @@ def check_seed(seed: object) -> int:
     """The seed as a Python int in [-2^63, 2^64); InvalidInputError naming ``seed`` otherwise.
 
     A seed is 64 bits: a negative one stands for its two's complement (-1 draws as 2^64 - 1,
-    see :func:`gnnserve.newnodes.policies.seed_bits`)."""
+    see :func:`gnnserve.sampling.sampler.seed_bits`)."""
     if isinstance(seed, bool) or not isinstance(seed, int | np.integer):
         raise InvalidInputError(f"seed must be an int, got {echo(seed)}", "seed")
     if not SEED_MIN <= int(seed) <= SEED_MAX:

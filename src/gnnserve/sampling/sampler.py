@@ -38,10 +38,16 @@ def to_subgraph(assembled: tuple, hops: int) -> SampledSubgraph:  # type: ignore
     return SampledSubgraph(nodes, blocks, int(num_seeds), seed_rows)
 
 
+def seed_bits(seed: int) -> int:
+    """The unsigned 64-bit value of a seed (two's complement for a negative one): the value a
+    draw key or a generator is seeded with, so -1 and 2^64 - 1 draw the same."""
+    return int(seed) & 0xFFFFFFFFFFFFFFFF
+
+
 def call_key(seed: int, call: int) -> np.uint64:
     """The draw key of a sampler's ``call``-th sample: a distinct, reproducible stream per call
     (sampler seed x call counter)."""
-    return np.uint64((seed * 0x9E3779B1 + call * 0x85EBCA77) & 0xFFFFFFFFFFFFFFFF)
+    return np.uint64(seed_bits(seed * 0x9E3779B1 + call * 0x85EBCA77))
 
 
 class KeyStream:
@@ -56,7 +62,7 @@ class KeyStream:
     def key(self, rng_seed: int | None = None) -> np.uint64:
         """The key of one call."""
         if rng_seed is not None:
-            return np.uint64(rng_seed & (2**64 - 1))
+            return np.uint64(seed_bits(rng_seed))
         with self._lock:
             self._calls += 1
             call = self._calls

@@ -61,11 +61,14 @@ def default_body_limit(max_new_nodes: int, feature_dim: int) -> int:
     return BASE_BODY_BYTES + JSON_BYTES_PER_FLOAT * max_new_nodes * feature_dim
 
 
+def retry_after(seconds: float) -> str:
+    """A ``Retry-After`` value: whole seconds, at least 1."""
+    return str(max(1, math.ceil(seconds)))
+
+
 def retry_headers(exc: GnnServeError) -> dict[str, str]:
-    """``Retry-After`` (whole seconds, at least 1) when ``exc`` carries a retry hint."""
-    if exc.retry_after_s is None:
-        return {}
-    return {"Retry-After": str(max(1, math.ceil(exc.retry_after_s)))}
+    """``Retry-After`` when ``exc`` carries a retry hint."""
+    return {} if exc.retry_after_s is None else {"Retry-After": retry_after(exc.retry_after_s)}
 
 
 def error_json(exc: GnnServeError) -> dict[str, object]:

@@ -16,7 +16,6 @@ its deadline too.
 from __future__ import annotations
 
 import json
-import math
 import time
 from typing import Any
 
@@ -25,6 +24,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from gnnserve.engine.admission import REQUEST, TIMEOUT_HEADER, RequestContext, parse_timeout_ms
 from gnnserve.engine.engine import Engine
 from gnnserve.errors import GnnServeError, InvalidInputError, OverloadedError
+from gnnserve.server.limits import retry_after
 from gnnserve.server.looplag import LoopLag
 from gnnserve.server.metrics import ServerMetrics
 
@@ -94,8 +94,8 @@ class SheddingMiddleware:
         if retry_s is not None:
             if self._refused is not None:
                 self._refused.inc()
-            retry_after = str(max(1, math.ceil(retry_s))).encode()
-            await _answer(send, 429, _OVERLOADED, [(b"retry-after", retry_after)])
+            hint = retry_after(retry_s).encode()
+            await _answer(send, 429, _OVERLOADED, [(b"retry-after", hint)])
             return
         ctx = RequestContext(now, deadline)
 
