@@ -134,8 +134,9 @@ def test_results_are_strict_json(tmp_path, monkeypatch) -> None:
     assert (doc["p99"], doc["ratio"], doc["n"], doc["t"]) == (None, None, 3, [1.5, None])
 
 
-def test_pyg_backend_switches_the_sampler_and_restores_it() -> None:
+def test_pyg_backend_switches_the_sampler_and_restores_it(monkeypatch) -> None:
     typing = pytest.importorskip("torch_geometric.typing")
+    monkeypatch.setattr(typing, "WITH_PYG_LIB", True)  # as with pyg-lib installed
     before = typing.WITH_PYG_LIB
     with common.pyg_backend("torch-sparse"):
         assert typing.WITH_PYG_LIB is False
