@@ -73,6 +73,8 @@ SERVE_FLAGS: tuple[tuple[str, str], ...] = (
     ("--fetch", "deploy.fetch"),
     ("--no-cache", "deploy.cache"),
     ("--max-instances", "deploy.max_instances"),
+    ("--launch", "deploy.launch"),
+    ("--mb-per-cpu", "deploy.mb_per_cpu"),
     ("--nodes", "deploy.nodes"),
     ("--fog-mode", "deploy.fog_mode"),
 )
@@ -369,7 +371,9 @@ def build_parser() -> argparse.ArgumentParser:
     q = faas.add_parser("profile", help="train a model's memory predictor on a published store")
     q.add_argument("--remote", required=True, help="published store URL (s3://... or a path)")
     q.add_argument("--model", required=True, help="checkpoint directory (predictor saved there)")
-    q.add_argument("--fanouts", default="10,10", help="sampling fanouts, as serve uses them")
+    q.add_argument(
+        "--fanouts", default="25,10", help="sampling fanouts, as serve uses them (default 25,10)"
+    )
     q.add_argument("--requests", type=int, default=200, help="requests to profile")
     q.add_argument("--seed", type=int, default=0)
     q.set_defaults(func=_lazy("gnnserve.deploy.faas.profile", "run"))

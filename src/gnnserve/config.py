@@ -241,6 +241,15 @@ class DeployConfig(_Strict):
     fetch: str = Field("ondemand", description="faas: ondemand | full (download at cold start)")
     cache: bool = Field(True, description="faas: adaptive feature cache in inference instances")
     max_instances: int | None = Field(None, ge=1, le=1024, description="faas: per function")
+    launch: Literal["process", "fork"] = Field(
+        "process",
+        description="faas: process (a new process per instance) | fork (from a warm template)",
+    )
+    mb_per_cpu: float = Field(
+        1769.0,
+        ge=0,
+        description="faas: instance memory per CPU of quota (AWS Lambda: 1769; 0: no quota)",
+    )
     nodes: str = Field("", description="fog: YAML of the nodes (name, cores, link, fog_link)")
     fog_mode: str = Field("fograph", description="fog: fograph | strawman | cloud")
 

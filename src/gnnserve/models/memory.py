@@ -121,6 +121,7 @@ class PredictorInfo:
     hidden: int
     train_size: int = 0
     held_out: dict[str, float] | None = None  # relative errors on data not trained on
+    fanouts: list[int] | None = None  # the sampling fanouts profiled (None: not recorded)
 
 
 class MemoryPredictor:
@@ -131,10 +132,17 @@ class MemoryPredictor:
     requests, and a squared error in log space weighs every request by its relative error.
     """
 
-    def __init__(self, num_layers: int, model_version: str = "", hidden: int = 16) -> None:
+    def __init__(
+        self,
+        num_layers: int,
+        model_version: str = "",
+        hidden: int = 16,
+        fanouts: Sequence[int] | None = None,
+    ) -> None:
         if not 1 <= num_layers <= 64:
             raise InvalidInputError(f"num_layers must be in [1, 64], got {num_layers}", "layers")
-        self.info = PredictorInfo(int(num_layers), str(model_version), int(hidden))
+        listed = None if fanouts is None else [int(f) for f in fanouts]
+        self.info = PredictorInfo(int(num_layers), str(model_version), int(hidden), fanouts=listed)
         self.mlp = _MLP(3 * self.info.num_layers, self.info.hidden)
 
     @property
@@ -230,11 +238,16 @@ class MemoryPredictor:
 
     @classmethod
     def load(
-        cls, directory: str | Path, num_layers: int | None = None, model_version: str | None = None
+        cls,
+        directory: str | Path,
+        num_layers: int | None = None,
+        model_version: str | None = None,
+        fanouts: Sequence[int] | None = None,
     ) -> MemoryPredictor:
         """The predictor saved in ``directory``. StoreFormatError naming the file when it is
-        missing, malformed, or profiled for another layer count or model version than expected
-        (``num_layers``/``model_version``; None: those of the checkpoint in ``directory``)."""
+        missing, malformed, or profiled for another layer count, model version or sampling
+        fanouts than expected (``num_layers``/``model_version``; None: those of the checkpoint
+        in ``directory``; ``fanouts``: None accepts any)."""
         root = local_path(directory, "model_path")
         path = root / PREDICTOR_META
         doc = read_meta_file(
@@ -251,6 +264,13 @@ class MemoryPredictor:
         want_version = model_version if model_version is not None else identity and identity[1]
         _expect(path, "layer count", info.num_layers, want_layers)
         _expect(path, "model version", info.model_version, want_version)
+        if fanouts is not None and info.fanouts != [int(f) for f in fanouts]:
+            raise StoreFormatError(
+                f"{path} was profiled with fanouts {info.fanouts}, this deployment samples with "
+                f"{list(fanouts)}: profile it again with --fanouts "
+                f"{','.join(str(f) for f in fanouts)} (gnnserve faas profile)",
+                _FIELD,
+            )
         predictor = cls(info.num_layers, info.model_version, info.hidden)
         predictor.info = info
         weights = root / PREDICTOR_WEIGHTS
@@ -262,12 +282,14 @@ class MemoryPredictor:
         return predictor
 
     @classmethod
-    def load_if_present(cls, directory: str | Path) -> MemoryPredictor | None:
+    def load_if_present(
+        cls, directory: str | Path, fanouts: Sequence[int] | None = None
+    ) -> MemoryPredictor | None:
         """:meth:`load`, or None when ``directory`` (a path or file URL) holds no memory
         predictor."""
         if not (local_path(directory, "model_path") / PREDICTOR_META).is_file():
             return None
-        return cls.load(directory)
+        return cls.load(directory, fanouts=fanouts)
 
 
 def checkpoint_identity(directory: Path) -> tuple[int, str] | None:
@@ -299,6 +321,7 @@ def _parse_info(doc: dict[str, Any], path: Path) -> PredictorInfo:
             int(doc["hidden"]),
             int(doc["train_size"]),
             doc.get("held_out"),
+            None if doc.get("fanouts") is None else [int(f) for f in doc["fanouts"]],
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise StoreFormatError(f"{path}: missing or malformed field {exc}", _FIELD) from exc

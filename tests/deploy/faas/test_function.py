@@ -1,16 +1,19 @@
 """The inference function's memory rules (FaaS-GNN §4.3), in process: the cache fills free
-memory, a prediction that leaves no room evicts, a misprediction that would overflow the
-capacity clears the cache and runs the request again (with the same answer)."""
+memory, a prediction that leaves no room evicts, a prediction above the free budget clears the
+cache before the request runs (with the same answer), and a predictor profiled for other fanouts
+is refused."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 
 from gnnserve.data.writer import GraphData, write_store
 from gnnserve.deploy.faas.function import FunctionSpec, InferenceFunction, SampleFunction
+from gnnserve.errors import StoreFormatError
 from gnnserve.models.memory import MemoryPredictor
 from tests.conftest import make_checkpoint, random_simple_graph
 
@@ -25,10 +28,10 @@ def _setup(tmp_path: Path) -> tuple[Path, Path]:
     return store, make_checkpoint(store, tmp_path / "ckpt", arch="gcn")
 
 
-def _predictor(ckpt: Path, bytes_: float) -> None:
+def _predictor(ckpt: Path, bytes_: float, fanouts: tuple[int, ...] = (-1, 10)) -> None:
     """A predictor that answers about ``bytes_`` for every request (trained on a constant)."""
     X = np.random.default_rng(0).uniform(1, 5000, (64, 6))
-    MemoryPredictor(2).fit(X, np.full(64, bytes_), epochs=300).save(ckpt)
+    MemoryPredictor(2, fanouts=fanouts).fit(X, np.full(64, bytes_), epochs=300).save(ckpt)
 
 
 def _usage(base: int, cache: list[InferenceFunction]) -> int:
@@ -36,25 +39,38 @@ def _usage(base: int, cache: list[InferenceFunction]) -> int:
     return base + (cache[0].cache.nbytes if cache and cache[0].cache is not None else 0)
 
 
-def test_cache_fills_then_a_misprediction_clears_it_and_reruns(tmp_path: Path) -> None:
+def test_a_prediction_above_the_free_budget_clears_the_cache_before_the_request(
+    tmp_path: Path,
+) -> None:
     store, ckpt = _setup(tmp_path)
-    _predictor(ckpt, 1.0)  # predicts ~nothing: every request is a misprediction
+    _predictor(ckpt, 4 * MB)
     spec = FunctionSpec(store.as_uri(), str(ckpt), (-1, 10), memory_mb=64)
     sampler = SampleFunction(spec)
     holder: list[InferenceFunction] = []
-    fn = InferenceFunction(spec, usage=lambda: _usage(44 * MB, holder))
+    fn = InferenceFunction(spec, usage=lambda: _usage(20 * MB, holder))
     holder.append(fn)
     assert fn.cache is not None
-    small = fn.infer(sampler.sample(np.array([1]), rng_seed=0))  # a few hundred KB
-    assert not small.reran and len(fn.cache) > 0
-    # a request whose measured peak (tens of MB) would, with the cache kept, pass 64 MB
-    big_request = sampler.sample(np.arange(0, 6000, 3), rng_seed=1)
-    big = fn.infer(big_request)
-    assert big.reran and fn.cache.stats.clears == 1
-    assert big.measured_bytes > big.predicted_bytes
-    # the rerun answers exactly what a fresh instance without a cache answers
+    request = sampler.sample(np.arange(0, 6000, 40), rng_seed=1)
+    first = fn.infer(request)  # budget 57.6 - 20 - 4 MB: its rows stay cached
+    assert not first.cleared and first.hits == 0 and len(fn.cache) > 0
+    held = len(fn.cache)
+    assert fn.infer(request).hits == request.subgraph.input_nodes.size  # all cached now
+    _predictor(ckpt, 48 * MB)  # now above the free budget: 57.6 MB - 20 MB runtime
+    fn.predictor = MemoryPredictor.load(ckpt, fanouts=(-1, 10))
+    big = fn.infer(request)
+    assert big.cleared and big.evicted == held and fn.cache.stats.clears == 1
+    assert big.hits == 0  # cleared before it read: every row fetched again
     plain = InferenceFunction(FunctionSpec(store.as_uri(), str(ckpt), (-1, 10), cache=False))
-    torch.testing.assert_close(big.logits, plain.infer(big_request).logits)
+    torch.testing.assert_close(big.logits, plain.infer(request).logits)
+
+
+def test_a_predictor_profiled_for_other_fanouts_is_refused(tmp_path: Path) -> None:
+    store, ckpt = _setup(tmp_path)
+    _predictor(ckpt, 4 * MB, fanouts=(10, 10))
+    spec = FunctionSpec(store.as_uri(), str(ckpt), (25, 10), memory_mb=64)
+    with pytest.raises(StoreFormatError, match=r"fanouts \[10, 10\].*\[25, 10\]"):
+        InferenceFunction(spec)
+    InferenceFunction(FunctionSpec(store.as_uri(), str(ckpt), (10, 10), memory_mb=64))
 
 
 def test_a_large_prediction_evicts_and_an_exact_one_does_not_rerun(tmp_path: Path) -> None:
@@ -69,7 +85,7 @@ def test_a_large_prediction_evicts_and_an_exact_one_does_not_rerun(tmp_path: Pat
     for i in range(6):
         out = fn.infer(sampler.sample(np.arange(i * 500, i * 500 + 12), rng_seed=i))
         assert out.misses * fn.cache.entry_bytes < 4 * MB  # its own rows fit the budget
-        assert not out.reran  # predicted 24 MB >= measured: no misprediction
+        assert not out.cleared  # 24 MB fits the free budget: nothing cleared
         # budget: 90% of 64 MB - 30 MB runtime - the prediction (about 24 MB) for the cache
         assert fn.cache.nbytes <= int(64 * MB * 0.9) - 30 * MB - out.predicted_bytes
     assert fn.cache.stats.evictions > 0

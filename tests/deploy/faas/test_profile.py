@@ -24,7 +24,8 @@ def test_profile_saves_a_predictor_for_the_model(small_store: Path, tmp_path: Pa
     report = profile_predictor(FunctionSpec(small_store.as_uri(), str(ckpt), (5, 5)), requests=40)
     assert report["train"] == 30 and report["held_out"] == 10
     assert 0 <= report["mean_rel_error"] <= report["max_rel_error"]
-    predictor = MemoryPredictor.load(ckpt)
+    assert report["n_big"] + report["n_small"] == 10 and report["fanouts"] == [5, 5]
+    predictor = MemoryPredictor.load(ckpt, fanouts=(5, 5))
     sub = OnDemandSampler(RemoteCSR(open_blobs(str(small_store))), [5, 5]).sample(np.array([1]))
     assert np.isfinite(predictor.predict(request_features(sub.subgraph))).all()
 

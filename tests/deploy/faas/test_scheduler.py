@@ -7,7 +7,7 @@ from __future__ import annotations
 import heapq
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from gnnserve.deploy.faas.scheduler import Action, Launch, Run, Scheduler, Stop
@@ -34,13 +34,14 @@ def test_figure_11_every_decision_load_aware() -> None:
     # r4: 5 > 4 -> launch; queues 0:1, 1:1 tie -> lowest id 0
     assert s.arrive(4, now=14.0) == [Launch(4)]
     assert s.view().queue_lengths == {0: 2, 1: 1}
-    # cold start of 2 ends, temporary queue empty -> steal the TAIL (r4) of the longest queue
-    assert s.ready(2, now=20.0) == [Run(2, 4)]
+    # cold start of 2 ends, temporary queue empty -> steal from the longest queue its FRONT
+    # (r2; §4.4 takes the tail, r4, which would overtake r2 in that queue)
+    assert s.ready(2, now=20.0) == [Run(2, 2)]
     assert s.steals == 1 and s.view().queue_lengths == {0: 1, 1: 1, 2: 0}
     # instance 1 finishes r1 -> the FRONT of its own queue (r3)
     assert s.done(1, now=21.0) == [Run(1, 3)]
-    # instance 2 drains early (r4 done, own queue empty) -> steals r2 from instance 0
-    assert s.done(2, now=22.0) == [Run(2, 2)]
+    # instance 2 drains early (r2 done, own queue empty) -> steals r4 from instance 0
+    assert s.done(2, now=22.0) == [Run(2, 4)]
     assert s.steals == 2 and s.view().queue_lengths == {0: 0, 1: 0, 2: 0}
     # r5: n_req 4 (r0, r3, r2 running + r5) <= n_container 5 -> NO launch; no idle;
     # three empty queues tie -> lowest id 0
@@ -79,8 +80,9 @@ def test_no_launch_at_max_instances_load_aware() -> None:
     assert s.ready(0, 2.0) == [Run(0, 0)]
     assert s.arrive(2, 3.0) == []  # queued on instance 0
     assert s.view().queue_lengths == {0: 1} and s.view().temporary == 1
-    assert s.done(0, 4.0) == [Run(0, 2)]  # own queue before the temporary queue
-    assert s.done(0, 5.0) == [Run(0, 1)]
+    # r1 (temporary queue) arrived before r2 (own queue): arrival order decides
+    assert s.done(0, 4.0) == [Run(0, 1)]
+    assert s.done(0, 5.0) == [Run(0, 2)]
     assert s.done(0, 6.0) == [] and s.launches == 1
 
 
@@ -231,13 +233,47 @@ def test_bad_arguments_and_events() -> None:
         s.ready(0, 2.0)
 
 
+@pytest.mark.parametrize("policy", ["load_aware", "naive"])
+def test_an_announced_request_launches_while_its_earlier_stage_runs(policy: str) -> None:
+    s = Scheduler(policy)
+    assert s.expect(0.0) == [Launch(0)]  # nothing warm: its cold start begins now
+    assert s.expect(0.5) == [Launch(1)]  # a second announced request: another instance
+    assert s.ready(0, 1.0) == []  # warm before the request arrives: it waits, idle
+    assert s.arrive(0, 2.0, expected=True) == [Run(0, 0)]  # no second cold start
+    assert s.arrive(1, 2.5, expected=True) == []  # instance 1 still starting: it waits for it
+    assert s.ready(1, 3.0) == [Run(1, 1)] and s.launches == 2 and s.expected == 0
+    assert s.done(0, 4.0) == []
+    assert s.expect(5.0) == []  # an idle instance will take it: no launch
+    s.unexpect()  # its earlier stage failed
+    assert s.expected == 0 and s.arrive(2, 6.0) == [Run(0, 2)]
+
+
 EVENTS = st.lists(
     st.tuples(
-        st.sampled_from(["arrive", "arrive", "arrive", "ready", "done", "done", "tick", "fail"]),
+        st.sampled_from(
+            ["arrive", "arrive", "arrive", "expect", "ready", "done", "done", "tick", "fail"]
+        ),
         st.integers(0, 7),
     ),
     max_size=80,
 )
+
+
+def check_fcfs(s: Scheduler, before: dict[int, str], actions: list[Action], policy: str) -> None:
+    """No request started by ``actions`` overtook an earlier arrival on its path: its own queue
+    or reservation, the instance's queue, or the temporary queue."""
+    after = s.waiting()
+    for a in actions:
+        if not isinstance(a, Run):
+            continue
+        source = before.get(a.request, "new")
+        if policy == "naive" and source.startswith("reserved"):
+            continue  # naive: a request waits for the instance launched for it
+        paths = {source, "temporary", f"queue:{a.instance}"}
+        order = s.arrival_order(a.request)
+        for waiting, where in after.items():
+            if where in paths:
+                assert s.arrival_order(waiting) > order, (a, waiting, where, before)
 
 
 class Model:
@@ -287,9 +323,19 @@ class Model:
             assert view.reserved == 0
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(
     policy=st.sampled_from(["load_aware", "naive"]), events=EVENTS, cap=st.sampled_from([None, 2])
+)
+@example(  # at the cap: r1 waits in the temporary queue while r3 joins instance 0's queue
+    policy="load_aware",
+    events=[("arrive", 0)] * 3 + [("ready", 0), ("arrive", 0), ("done", 0)],
+    cap=2,
+)
+@example(  # a steal: instance 1 takes r1, the front of instance 0's queue, not r2 behind it
+    policy="load_aware",
+    events=[("arrive", 0), ("ready", 0), ("arrive", 0), ("arrive", 0), ("ready", 0)],
+    cap=None,
 )
 def test_every_request_runs_exactly_once(
     policy: str, events: list[tuple[str, int]], cap: int | None
@@ -300,20 +346,29 @@ def test_every_request_runs_exactly_once(
     now = 0.0
     for kind, k in events:
         now += 1.0
+        before = s.waiting()
         if kind == "arrive":
-            m.apply(s.arrive(arrived, now))
+            actions = s.arrive(arrived, now, expected=s.expected > 0)
+            check_fcfs(s, before, actions, policy)
+            m.apply(actions)
             arrived += 1
+        elif kind == "expect":
+            m.apply(s.expect(now))
         elif kind == "ready" and m.starting:
             inst = sorted(m.starting)[k % len(m.starting)]
             m.starting.remove(inst)
             m.idle.add(inst)
-            m.apply(s.ready(inst, now))
+            actions = s.ready(inst, now)
+            check_fcfs(s, before, actions, policy)
+            m.apply(actions)
         elif kind == "done" and m.running:
             inst = sorted(m.running)[k % len(m.running)]
             del m.running[inst]
             m.idle.add(inst)
             m.finished += 1
-            m.apply(s.done(inst, now))
+            actions = s.done(inst, now)
+            check_fcfs(s, before, actions, policy)
+            m.apply(actions)
         elif kind == "fail" and (everyone := sorted(m.starting | m.idle | set(m.running))):
             inst = everyone[k % len(everyone)]
             expected = [m.running.pop(inst)] if inst in m.running else []
@@ -321,11 +376,15 @@ def test_every_request_runs_exactly_once(
             m.idle.discard(inst)
             failure = s.failed(inst, now)
             assert failure.failed == expected
+            for request in failure.failed:
+                s.forget(request)
             m.lost += failure.failed
             m.apply(failure.actions)
         elif kind == "tick":
             m.apply(s.tick(now))
         m.check(s, arrived, policy, cap)
+    while s.expected:  # the announced requests that never came
+        s.unexpect()
     while m.starting or m.running:  # drain to quiescence
         now += 1.0
         if m.starting:

@@ -67,6 +67,8 @@ class FaaSExecutor(Executor):
             keep_alive_s=deploy.keep_alive_s,
             max_instances=deploy.max_instances,
             sample_memory_mb=deploy.sample_memory_mb,
+            launch=deploy.launch,
+            mb_per_cpu=deploy.mb_per_cpu,
         )
         self._source = batches
         self._thread = threading.Thread(target=self._dispatch, name="faas-dispatch", daemon=True)

@@ -6,13 +6,15 @@
 request's peak memory, evicts cache entries to fit it under the instance capacity, reads the
 input features (cache hits, the rest fetched by byte ranges or from its full copy), runs the
 model and returns the seeds' logits and embeddings. The cache may fill the capacity minus what the
-instance uses, the predicted peak and a headroom of 10% for prediction errors; a misprediction
-whose measured peak would still have put the instance over its capacity clears the cache and
-runs the request again (§4.3).
+instance uses, the predicted peak and a headroom of 10% for prediction errors; a prediction above
+the free budget (the capacity less what the instance holds besides the cache) clears the cache
+before the request runs (§4.3). Full-fetch downloads go to a scratch directory that is deleted as
+soon as the copy is loaded, so no file outlives the instance and no page cache stays charged.
 """
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 import time
 from collections.abc import Callable, Mapping
@@ -93,7 +95,7 @@ class InferenceOutput:
     bytes_read: int  # feature bytes read
     predicted_bytes: int  # predicted peak inference memory (0 without a predictor)
     measured_bytes: int  # measured peak resident increase during feature read + forward
-    reran: bool  # a misprediction cleared the cache and the request ran again
+    cleared: bool  # the prediction exceeded the free budget: the cache was cleared first
     evicted: int  # cache entries evicted before this request
 
 
@@ -114,29 +116,50 @@ def synthetic_subgraph(fanouts: tuple[int, ...]) -> SampledSubgraph:
     return SampledSubgraph(nodes, blocks, 1, np.zeros(1, dtype=np.int64))
 
 
-def _download(blobs: BlobStore, names: list[str]) -> Path:
-    """Copy the named objects (and meta.json) into a fresh local directory (DGL-serverless)."""
-    root = Path(tempfile.mkdtemp(prefix="gnnserve-full-"))
+def scratch_dir(instance: str) -> Path:
+    """The scratch directory of instance ``instance`` (its name carries the deployment's id)."""
+    return Path(tempfile.gettempdir()) / "gnnserve-faas" / instance
+
+
+def _download(blobs: BlobStore, names: list[str], scratch: Path | None) -> Path:
+    """Copy the named objects (and meta.json) into ``scratch`` (or a fresh directory)
+    (DGL-serverless); the caller loads them and deletes the directory."""
+    if scratch is None:
+        root = Path(tempfile.mkdtemp(prefix="gnnserve-full-"))
+    else:
+        root = scratch
+        root.mkdir(parents=True, exist_ok=True)
     for name in [layout.META, *names]:
         (root / name).write_bytes(blobs.get(name))
     return root
 
 
 class SampleFunction:
-    """Builds computation graphs from the store at ``spec.remote``."""
+    """Builds computation graphs from the store at ``spec.remote`` (full-fetch downloads go to
+    ``scratch``); one warm-up sample during construction loads the kernels."""
 
-    def __init__(self, spec: FunctionSpec) -> None:
+    def __init__(self, spec: FunctionSpec, scratch: Path | None = None) -> None:
         self.spec = spec
         self.blobs = open_blobs(spec.remote, spec.options or None)
         self.remote = RemoteCSR(self.blobs, spec.gap)
         fanouts = list(spec.fanouts)
         self._local: NeighborSampler | None = None
         if spec.fetch == "full":
-            root = _download(self.blobs, [layout.INDPTR, layout.INDICES])
-            graph = InMemoryCSR(root, layout.read_meta(root), check_structure=False)
+            root = _download(self.blobs, [layout.INDPTR, layout.INDICES], scratch)
+            try:
+                graph = InMemoryCSR(root, layout.read_meta(root), check_structure=False)
+            finally:
+                shutil.rmtree(root, ignore_errors=True)
             self._graph = graph
             self._local = NeighborSampler(graph, fanouts, seed=spec.seed)
         self._ondemand = OnDemandSampler(self.remote, fanouts, seed=spec.seed)
+        self._warm_up()
+
+    def _warm_up(self) -> None:
+        """Part of the cold start: sample vertex 0 once, so that the kernels are compiled or
+        loaded (and the store's connection made) before the first request; not counted."""
+        if self.remote.num_nodes:
+            self.sample(np.zeros(1, dtype=np.int64), rng_seed=0)
 
     def sample(self, seeds: np.ndarray, rng_seed: int | None = None) -> SampledRequest:
         """The computation graph of ``seeds`` (valid int64 ids)."""
@@ -161,17 +184,27 @@ class SampleFunction:
 
 class InferenceFunction:
     """Reads a request's input features (adaptive cache in front of the store) and runs the
-    model, keeping the instance under ``spec.memory_mb``."""
+    model, keeping the instance under ``spec.memory_mb`` (full-fetch downloads go to
+    ``scratch``). ``predictor`` False: ignore a saved memory predictor (profiling one)."""
 
-    def __init__(self, spec: FunctionSpec, usage: Callable[[], int] = resident_bytes) -> None:
+    def __init__(
+        self,
+        spec: FunctionSpec,
+        usage: Callable[[], int] = resident_bytes,
+        scratch: Path | None = None,
+        predictor: bool = True,
+    ) -> None:
         self.spec = spec
         self.usage = usage  # memory charged against the capacity now, bytes (cgroup or RSS)
         self.blobs = open_blobs(spec.remote, spec.options or None)
         meta = layout.read_blob_meta(self.blobs)
         store: FeatureStore
         if spec.fetch == "full":
-            root = _download(self.blobs, [layout.FEATURES])
-            store = InMemoryFeatures(root, layout.read_meta(root), check_structure=False)
+            root = _download(self.blobs, [layout.FEATURES], scratch)
+            try:
+                store = InMemoryFeatures(root, layout.read_meta(root), check_structure=False)
+            finally:
+                shutil.rmtree(root, ignore_errors=True)
         else:
             store = RemoteFeatures(self.blobs, meta, spec.gap)
         self.store = store
@@ -179,7 +212,9 @@ class InferenceFunction:
         ckpt = load_checkpoint(spec.model)
         self.runner = ModelRunner(ckpt.model, ckpt.version)
         self.predictor = (
-            MemoryPredictor.load_if_present(spec.model) if self.cache is not None else None
+            MemoryPredictor.load_if_present(spec.model, spec.fanouts)
+            if self.cache is not None and predictor
+            else None
         )
         self.capacity = spec.memory_mb * _MB
         self._warm_up()
@@ -205,17 +240,12 @@ class InferenceFunction:
     def infer(self, request: SampledRequest) -> InferenceOutput:
         """Run one request; see the module docstring for the memory rules."""
         predicted = self._predict(request.subgraph)
-        evicted = self._make_room(request, predicted)
+        cleared, evicted = self._make_room(request, predicted)
         before = self.blobs.stats.bytes_read
         output, measured = self._measured_run(request)
-        reran = False
-        if self.cache is not None and self.capacity and self._would_overflow(predicted, measured):
-            self.cache.clear()  # the prediction was too low: free everything, run again
-            output, measured = self._measured_run(request)
-            reran = True
         output.bytes_read = self.blobs.stats.bytes_read - before
         output.predicted_bytes, output.measured_bytes = predicted, measured
-        output.reran, output.evicted = reran, evicted
+        output.cleared, output.evicted = cleared, evicted
         return output
 
     def _measured_run(self, request: SampledRequest) -> tuple[InferenceOutput, int]:
@@ -231,18 +261,23 @@ class InferenceFunction:
             return 0
         return int(self.predictor.predict(request_features(subgraph))[0])
 
-    def _make_room(self, request: SampledRequest, predicted: int) -> int:
-        if self.cache is None or not self.capacity:
-            return 0
-        usable = int(self.capacity * (1 - HEADROOM))
-        budget = usable - (self.usage() - self.cache.nbytes) - predicted
-        ids = request.subgraph.input_nodes
-        return self.cache.prepare(ids, request.degree[: ids.size], max(0, budget))
+    def free_budget(self) -> int:
+        """Bytes the cache and the next request may use: the capacity less the headroom and
+        what the instance holds besides the cache."""
+        cached = self.cache.nbytes if self.cache is not None else 0
+        return int(self.capacity * (1 - HEADROOM)) - (self.usage() - cached)
 
-    def _would_overflow(self, predicted: int, measured: int) -> bool:
-        """The measured peak exceeded the prediction by more than the headroom covers: with the
-        cache kept, a request like it would push the instance past its capacity."""
-        return measured > predicted and self.usage() + (measured - predicted) > self.capacity
+    def _make_room(self, request: SampledRequest, predicted: int) -> tuple[bool, int]:
+        """(cache cleared, entries evicted) before ``request`` runs."""
+        if self.cache is None or not self.capacity:
+            return False, 0
+        budget = self.free_budget() - predicted
+        if budget < 0:  # the prediction alone exceeds the free budget (§4.3)
+            evicted = len(self.cache)
+            self.cache.clear()
+            return True, evicted
+        ids = request.subgraph.input_nodes
+        return False, self.cache.prepare(ids, request.degree[: ids.size], budget)
 
     def _run(self, request: SampledRequest) -> InferenceOutput:
         subgraph = request.subgraph

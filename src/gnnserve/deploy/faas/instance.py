@@ -1,9 +1,10 @@
 """FunctionInstance: one function instance, a Ray actor in its own process.
 
-Its cold start is what a FaaS platform's is: a new process (Ray starts a worker), the imports,
-then in ``__init__`` joining a memory cgroup with the instance capacity (as Docker enforces a
-container's memory limit: exceeding it gets the process OOM-killed), opening the remote store
-and loading the model. ``ready`` reports how long the steps inside the process took; the pool
+Its cold start is what a FaaS platform's is: a process (a new one, or one forked from a warm
+template: :mod:`.launch`) already inside its memory and CPU cgroups (as Docker enforces a
+container's limits: exceeding the memory gets the process OOM-killed), opening the remote store,
+loading the model and running one synthetic request so that kernels are compiled and loaded
+before the first real one. ``ready`` reports how long the steps inside the process took; the pool
 measures the whole launch-to-ready time.
 """
 
@@ -17,15 +18,19 @@ from typing import Any
 
 import numpy as np
 import ray
+import torch
 
-from gnnserve.deploy.faas.cgroup import cgroup_support, join_memory_cgroup
+from gnnserve.deploy.faas.cgroup import MemoryCgroup, cgroup_support
 from gnnserve.deploy.faas.function import (
     FunctionSpec,
     InferenceFunction,
     InferenceOutput,
     SampledRequest,
     SampleFunction,
+    scratch_dir,
 )
+from gnnserve.deploy.faas.launch import CPU_GROUP, Resources
+from gnnserve.deploy.fog.testbed import CpuQuota
 from gnnserve.errors import InvalidInputError
 
 log = logging.getLogger(__name__)
@@ -45,28 +50,25 @@ class Startup:
 
 
 class FunctionInstance:
-    """A ``kind`` ("sample" | "infer") instance built from ``spec``, named ``name`` (its cgroup)."""
+    """A ``kind`` ("sample" | "infer") instance built from ``spec``, named ``name`` (its
+    cgroups), limited to ``resources``."""
 
-    def __init__(self, kind: str, spec: FunctionSpec, name: str) -> None:
+    def __init__(self, kind: str, spec: FunctionSpec, name: str, resources: Resources) -> None:
         if kind not in KINDS:
             raise InvalidInputError(f"instance kind must be one of {KINDS}, got {kind!r}", "kind")
         start = time.perf_counter()
-        self.cgroup = None
-        if spec.memory_mb:
-            reason = cgroup_support()
-            if reason is None:
-                self.cgroup = join_memory_cgroup(name, spec.memory_mb * _MB)
-            else:
-                log.warning("instance %s runs without a memory limit: %s", name, reason)
+        self.cgroup = _enter_cgroups(name, resources)
+        torch.set_num_threads(max(1, int(resources.cpus)))
         joined = time.perf_counter()
         self.function: SampleFunction | InferenceFunction
+        scratch = scratch_dir(name)
         if kind == "sample":
-            self.function = SampleFunction(spec)
+            self.function = SampleFunction(spec, scratch)
         elif self.cgroup is not None:  # budgets in what the limit counts: the cgroup's usage
             group = self.cgroup
-            self.function = InferenceFunction(spec, usage=lambda: group.usage_bytes)
+            self.function = InferenceFunction(spec, lambda: group.usage_bytes, scratch)
         else:
-            self.function = InferenceFunction(spec)
+            self.function = InferenceFunction(spec, scratch=scratch)
         done = time.perf_counter()
         self.startup = Startup(
             os.getpid(),
@@ -100,15 +102,25 @@ class FunctionInstance:
         return out
 
 
+def _enter_cgroups(name: str, resources: Resources) -> MemoryCgroup | None:
+    """Put this process into the instance's cgroups (a no-op where the launcher's wrapper already
+    did; on another host this also sets the limits) and return its memory cgroup."""
+    if cgroup_support() is not None:
+        return None
+    group = None
+    if resources.memory_mb:
+        group = MemoryCgroup(name, resources.memory_mb * _MB)
+        group.add(os.getpid())
+    if resources.cpus:
+        CpuQuota(name, resources.cpus, group=CPU_GROUP).add(os.getpid())
+    return group
+
+
 def _rss() -> int:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-# one call at a time (an actor's default), never restarted: the pool replaces dead instances
+# one call at a time (an actor's default), never restarted: the pool replaces dead instances;
+# the CPU it may use is its cgroup quota, not a Ray resource
 RemoteInstance: Any = ray.remote(num_cpus=0, max_restarts=0)(FunctionInstance)
-
-
-def launch(kind: str, spec: FunctionSpec, name: str) -> Any:
-    """Start instance ``name`` as a Ray actor (returns its handle at once; ``ready`` waits)."""
-    return RemoteInstance.remote(kind, spec, name)

@@ -4,7 +4,7 @@ Per pool (``sample``, ``infer``): instances by state, cold starts, mean cold-sta
 requests queued on instances and in the temporary queue, steals, instance failures, GB·s.
 Per request, accumulated: cache hits and misses (hit rate), bytes fetched (topology and
 features), predicted and measured peak inference memory (last, and the mean relative error),
-re-runs after a misprediction.
+requests before which a prediction above the free budget cleared the cache.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ class FaaSMetrics:
         self.topology_bytes = 0
         self.feature_bytes = 0
         self.fetch_requests = 0
-        self.reruns = 0
+        self.clears = 0  # requests that cleared the cache first
         self.predicted_bytes = 0  # last request's prediction
         self.measured_bytes = 0  # last request's measured peak
         self._rel_error_sum = 0.0
@@ -44,7 +44,7 @@ class FaaSMetrics:
             self.topology_bytes += sample.bytes_read
             self.feature_bytes += out.bytes_read
             self.fetch_requests += sample.requests
-            self.reruns += int(out.reran)
+            self.clears += int(out.cleared)
             self.predicted_bytes, self.measured_bytes = out.predicted_bytes, out.measured_bytes
             if out.predicted_bytes and out.measured_bytes:
                 error = abs(out.predicted_bytes - out.measured_bytes) / out.measured_bytes
@@ -63,7 +63,7 @@ class FaaSMetrics:
                 "faas_topology_bytes": self.topology_bytes,
                 "faas_feature_bytes": self.feature_bytes,
                 "faas_fetch_requests": self.fetch_requests,
-                "faas_reruns": self.reruns,
+                "faas_cache_clears": self.clears,
                 "faas_predicted_memory_bytes": self.predicted_bytes,
                 "faas_measured_memory_bytes": self.measured_bytes,
                 "faas_memory_mean_rel_error": (

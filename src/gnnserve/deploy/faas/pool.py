@@ -1,12 +1,13 @@
-"""FunctionPool: the instances of one function (Ray actors) driven by the scheduler.
+"""FunctionPool: the instances of one function driven by the scheduler.
 
-A pool turns :mod:`~gnnserve.deploy.faas.scheduler` decisions into Ray calls: ``Launch``
-creates an actor (a cold start: a new process, imports, model load, store open) and asks it
-``ready``; ``Run`` calls the function on a warm actor; ``Stop`` kills one (keep-alive expiry:
-scale to zero). Every scheduler event (arrival, ready, done, failure, keep-alive tick) is
-handled on one reactor thread, so the scheduler needs no lock; Ray completion callbacks only
-enqueue events. An actor that dies (OOM-killed by its cgroup, crashed) fails the request it was
-running with :class:`InstanceFailedError` and is replaced by the scheduler.
+A pool turns :mod:`~gnnserve.deploy.faas.scheduler` decisions into instance calls
+(:class:`~gnnserve.deploy.faas.launch.InstanceHandle`, whichever launch path made it): ``Launch``
+starts an instance (a cold start) and asks it ``ready``; ``Run`` calls the function on a warm
+one; ``Stop`` kills one (keep-alive expiry: scale to zero). Every scheduler event (arrival,
+announcement, ready, done, failure, keep-alive tick) is handled on one reactor thread, so the
+scheduler needs no lock; completion callbacks only enqueue events. When an instance dies (OOM-killed
+by its cgroup, crashed) while running a request, the request runs once more on another instance,
+in its arrival place; only if that one dies too does it fail with :class:`InstanceFailedError`.
 
 Instance memory is billed as a FaaS platform bills it: configured capacity x lifetime (GB·s),
 from the launch until the stop.
@@ -24,15 +25,14 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-import ray
-
+from gnnserve.deploy.faas.launch import InstanceDiedError, InstanceHandle
 from gnnserve.deploy.faas.scheduler import Launch, Run, Scheduler, Stop
 from gnnserve.errors import WorkerFailedError
 
 log = logging.getLogger(__name__)
 
 MAX_START_FAILURES = 2  # consecutive failed cold starts before waiting requests fail
-ActorFactory = Callable[[int], Any]  # instance id -> Ray actor handle (not started yet)
+InstanceFactory = Callable[[int], InstanceHandle]  # instance id -> a starting instance
 
 
 class InstanceFailedError(WorkerFailedError):
@@ -49,25 +49,26 @@ class PoolStats:
     cold_starts: int = 0  # instances launched
     cold_start_s: list[float] = field(default_factory=list)  # launch -> ready, per instance
     failures: int = 0  # instances that died
+    retries: int = 0  # requests run again after their instance died
     gb_seconds: float = 0.0  # capacity x lifetime of stopped instances (running ones: live_gb_s)
     completed: int = 0  # requests answered
 
 
 @dataclass
 class _Instance:
-    handle: Any
+    handle: InstanceHandle
     launched_s: float
     ready_s: float | None = None
 
 
 class FunctionPool:
-    """Instances of one function: ``factory(i)`` makes actor i, ``method`` is the function it
+    """Instances of one function: ``factory(i)`` starts instance i, ``method`` is the function it
     runs on a request's payload, ``memory_gb`` each instance's capacity (for GB·s)."""
 
     def __init__(
         self,
         name: str,
-        factory: ActorFactory,
+        factory: InstanceFactory,
         method: str,
         scheduler: Scheduler,
         memory_gb: float,
@@ -88,19 +89,30 @@ class FunctionPool:
         self._thread = threading.Thread(target=self._react, name=f"faas-{name}", daemon=True)
         self._closed = False
         self._start_failures = 0  # consecutive failed cold starts
+        self._retried: set[int] = set()  # requests already run again once
         self._thread.start()
 
     # public -----------------------------------------------------------------------------
-    def submit(self, payload: Any) -> Future[Any]:
-        """Run the function on ``payload`` on some instance; the future holds its result."""
+    def submit(self, payload: Any, expected: bool = False) -> Future[Any]:
+        """Run the function on ``payload`` on some instance; the future holds its result.
+        ``expected``: the request was announced by :meth:`expect`."""
         future: Future[Any] = Future()
         with self._id_lock:
             if self._closed:
                 raise RuntimeError(f"pool {self.name} is shut down")
             request = self._next_request
             self._next_request += 1
-        self._events.put(("arrive", (request, payload, future)))
+        self._events.put(("arrive", (request, payload, future, expected)))
         return future
+
+    def expect(self) -> None:
+        """Announce a request that an earlier stage is preparing: the pool launches for it now
+        if its arrival would (its cold start overlaps the earlier stage)."""
+        self._events.put(("expect", None))
+
+    def unexpect(self) -> None:
+        """The announced request will not come (its earlier stage failed)."""
+        self._events.put(("unexpect", None))
 
     def shutdown(self, timeout_s: float = 30.0) -> None:
         """Stop every instance and the reactor; requests still waiting fail."""
@@ -112,7 +124,7 @@ class FunctionPool:
     def ask_warm(self, method: str, timeout_s: float = 60.0) -> list[Any]:
         """Call ``method`` (no arguments) on every warm instance; their answers."""
         handles = [i.handle for i in list(self._instances.values()) if i.ready_s is not None]
-        return ray.get([getattr(h, method).remote() for h in handles], timeout=timeout_s)
+        return [f.result(timeout_s) for f in [h.call(method) for h in handles]]
 
     @property
     def size(self) -> int:
@@ -147,9 +159,14 @@ class FunctionPool:
     def _handle(self, kind: str, data: Any, now: float) -> list[Launch | Run | Stop]:
         sched = self.scheduler
         if kind == "arrive":
-            request, payload, future = data
+            request, payload, future, expected = data
             self._requests[request] = (payload, future)
-            return sched.arrive(request, now)
+            return sched.arrive(request, now, expected)
+        if kind == "expect":
+            return sched.expect(now)
+        if kind == "unexpect":
+            sched.unexpect()
+            return []
         if kind == "ready":
             instance, outcome = data
             if isinstance(outcome, BaseException):
@@ -160,11 +177,10 @@ class FunctionPool:
             return sched.ready(instance, now)
         if kind == "done":
             instance, request, outcome = data
-            payload_future = self._requests.pop(request, None)
-            if isinstance(outcome, ray.exceptions.RayActorError):
-                if payload_future is not None:
-                    self._requests[request] = payload_future  # failed() reports it below
+            if isinstance(outcome, InstanceDiedError):
                 return self._fail(instance, outcome, now)
+            payload_future = self._requests.pop(request, None)
+            self._retried.discard(request)
             if payload_future is not None:
                 _settle(payload_future[1], outcome)
                 self.stats.completed += 1
@@ -192,16 +208,24 @@ class FunctionPool:
         log.warning("faas pool %s: instance %d died: %s", self.name, instance, cause)
         self._retire(instance, now)
         outcome = self.scheduler.failed(instance, now)
+        actions = list(outcome.actions)
         for request in outcome.failed:
+            if request not in self._retried and request in self._requests:
+                self._retried.add(request)  # once more, on another instance
+                self.stats.retries += 1
+                actions += self.scheduler.arrive(request, now)
+                continue
+            self.scheduler.forget(request)
+            self._retried.discard(request)
             entry = self._requests.pop(request, None)
             if entry is not None:
                 error = InstanceFailedError(
-                    f"the {self.name} instance running this request died ({_reason(cause)}); "
-                    "it was replaced: retry",
+                    f"the {self.name} instances running this request died twice "
+                    f"({_reason(cause)}); retry later",
                     "instance",
                 )
                 entry[1].set_exception(error)
-        return outcome.actions
+        return actions
 
     def _execute(self, actions: list[Launch | Run | Stop], now: float) -> None:
         for action in actions:
@@ -214,17 +238,19 @@ class FunctionPool:
 
     def _launch(self, instance: int, now: float) -> None:
         self.stats.cold_starts += 1
-        handle = self._factory(instance)
+        try:
+            handle = self._factory(instance)
+        except Exception as exc:  # noqa: BLE001 - a launch that fails is a failed cold start
+            self._events.put(("ready", (instance, exc)))
+            return
         self._instances[instance] = _Instance(handle, now)
-        ref = handle.ready.remote()
-        ref.future().add_done_callback(
+        handle.call("ready").add_done_callback(
             lambda f: self._events.put(("ready", (instance, _outcome(f))))
         )
 
     def _run(self, instance: int, request: int) -> None:
         payload, _ = self._requests[request]
-        ref = getattr(self._instances[instance].handle, self._method).remote(payload)
-        ref.future().add_done_callback(
+        self._instances[instance].handle.call(self._method, payload).add_done_callback(
             lambda f: self._events.put(("done", (instance, request, _outcome(f))))
         )
 
@@ -234,7 +260,7 @@ class FunctionPool:
             return
         self.stats.gb_seconds += (now - inst.launched_s) * self._memory_gb
         with contextlib.suppress(Exception):  # already dead
-            ray.kill(inst.handle, no_restart=True)
+            inst.handle.kill()
 
     def _shutdown(self, now: float) -> None:
         for instance in list(self._instances):
@@ -246,7 +272,7 @@ class FunctionPool:
 
 
 def _outcome(future: Future[Any]) -> Any:
-    """A Ray future's result, or the exception it raised."""
+    """A call's result, or the exception it raised."""
     try:
         return future.result()
     except BaseException as exc:  # noqa: BLE001 - handed to the reactor as a value
@@ -257,8 +283,7 @@ def _settle(future: Future[Any], outcome: Any) -> None:
     if future.done():
         return
     if isinstance(outcome, BaseException):
-        cause = outcome.cause if isinstance(outcome, ray.exceptions.RayTaskError) else outcome
-        future.set_exception(cause if isinstance(cause, BaseException) else outcome)
+        future.set_exception(outcome)
     else:
         future.set_result(outcome)
 

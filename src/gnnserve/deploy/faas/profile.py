@@ -1,12 +1,16 @@
 """``gnnserve faas profile``: train the memory predictor of a model on a published store (§4.3).
 
-Profiling runs what an inference instance runs for a request (read the input features by byte
-ranges, run the model) on sampled requests, measures each one's peak resident-memory increase
-(:func:`gnnserve.models.peakmem.peak_memory`), fits the 2-layer MLP
-(:class:`gnnserve.models.memory.MemoryPredictor`) on three quarters of them and reports its
-relative error on the rest. The predictor is saved beside the model checkpoint, where inference
-instances load it. Requests are single query vertices drawn from ``queries`` (default: uniform
-over the graph) plus the highest in-degree vertices, so the largest requests are in range.
+Profiling runs requests through the serving code path itself: a :class:`SampleFunction` samples
+each one from the remote store with the deployment's fanouts, and an :class:`InferenceFunction`
+(its adaptive cache and gather included) reads the features and runs the model, measuring the
+peak memory the request adds (less the rows its cache keeps, which the cache budget counts), as
+an inference instance measures it. It fits the 2-layer MLP
+(:class:`gnnserve.models.memory.MemoryPredictor`) on three quarters of the requests and reports
+its relative error on the rest, for all of them and for peaks of at least 1 MB. The predictor is
+saved beside the model checkpoint with the fanouts it was profiled for; inference instances
+refuse one profiled for other fanouts. Requests are single query vertices drawn from
+``queries`` (default: uniform over the graph) plus the highest in-degree vertices, so the
+largest requests are in range. Progress is logged every 25 requests.
 """
 
 from __future__ import annotations
@@ -19,18 +23,14 @@ from typing import Any
 
 import numpy as np
 
-from gnnserve.data.blobs import open_blobs
-from gnnserve.deploy.faas.function import FunctionSpec
-from gnnserve.features.remote import RemoteFeatures
+from gnnserve.deploy.faas.function import FunctionSpec, InferenceFunction, SampleFunction
 from gnnserve.graph.remote import RemoteCSR
 from gnnserve.models.checkpoint import load_checkpoint
-from gnnserve.models.memory import MemoryPredictor, profile
-from gnnserve.models.runner import ModelRunner
-from gnnserve.sampling.ondemand import OnDemandSampler
-from gnnserve.types import MiniBatch
+from gnnserve.models.memory import MemoryPredictor, relative_errors, request_features
 
 log = logging.getLogger(__name__)
 _TOP = 8  # highest in-degree vertices always profiled
+BIG_PEAK = 1 << 20  # bytes: errors are reported separately above and below
 
 
 def profile_predictor(
@@ -39,47 +39,51 @@ def profile_predictor(
     """Profile ``requests`` requests, fit, save beside ``spec.model``; returns the held-out
     errors, sizes and timings."""
     start = time.perf_counter()
-    blobs = open_blobs(spec.remote, spec.options or None)
-    remote = RemoteCSR(blobs, spec.gap)
-    features = RemoteFeatures(blobs, remote.meta, spec.gap)
-    ckpt = load_checkpoint(spec.model)
-    runner = ModelRunner(ckpt.model, ckpt.version)
-    sampler = OnDemandSampler(remote, list(spec.fanouts), seed=spec.seed)
-    seeds = _request_seeds(remote, queries, requests, seed)
-    samples = []
+    spec = FunctionSpec(spec.remote, spec.model, spec.fanouts, options=spec.options, gap=spec.gap)
+    sampler = SampleFunction(spec)
+    inference = InferenceFunction(spec, predictor=False)
+    seeds = _request_seeds(sampler.remote, queries, requests, seed)
+    X, y = [], []
     for i, v in enumerate(seeds):
-        fetched = sampler.sample(np.array([v]), rng_seed=i)
-        sub = fetched.subgraph
-        k = sub.input_nodes.size
-        loops = None if fetched.loops is None else fetched.loops[:k]
-        gcn = remote.gcn_degree(sub.input_nodes, fetched.degree[:k], loops)
-
-        def run(sub: Any = sub, gcn: np.ndarray = gcn) -> object:
-            import torch
-
-            x = features.get_valid(sub.input_nodes)
-            return runner.forward(MiniBatch(sub, x, torch.from_numpy(gcn)))
-
-        samples.append((sub, run))
-    X, y = profile(samples)
-    order = np.random.default_rng(seed).permutation(len(y))
-    split = max(1, int(0.75 * len(y)))
+        request = sampler.sample(np.array([v]), rng_seed=i)
+        _, measured = inference._measured_run(request)
+        X.append(request_features(request.subgraph))
+        y.append(float(measured))
+        if (i + 1) % 25 == 0:
+            log.info("profiled %d/%d requests", i + 1, seeds.size)
+    X_arr, y_arr = np.stack(X), np.asarray(y)
+    order = np.random.default_rng(seed).permutation(len(y_arr))
+    split = max(1, int(0.75 * len(y_arr)))
     train, held = order[:split], order[split:]
-    predictor = MemoryPredictor(len(spec.fanouts), ckpt.version)
-    predictor.fit(X[train], y[train], validation=(X[held], y[held]) if held.size else None)
+    version = load_checkpoint(spec.model).version
+    predictor = MemoryPredictor(len(spec.fanouts), version, fanouts=spec.fanouts)
+    validation = (X_arr[held], y_arr[held]) if held.size else None
+    predictor.fit(X_arr[train], y_arr[train], validation=validation)
     path = predictor.save(spec.model)
-    errors = predictor.evaluate(X[held], y[held]) if held.size else {}
-    report = {
-        **errors,
+    report: dict[str, Any] = {
+        **(predictor.evaluate(X_arr[held], y_arr[held]) if held.size else {}),
+        **_split_errors(predictor, X_arr[held], y_arr[held]),
+        "fanouts": list(spec.fanouts),
         "train": int(train.size),
         "held_out": int(held.size),
-        "peak_bytes_min": float(y.min()),
-        "peak_bytes_max": float(y.max()),
+        "peak_bytes_min": float(y_arr.min()),
+        "peak_bytes_max": float(y_arr.max()),
         "seconds": time.perf_counter() - start,
         "saved": str(path),
     }
     log.info("memory predictor: %s", report)
     return report
+
+
+def _split_errors(predictor: MemoryPredictor, X: np.ndarray, y: np.ndarray) -> dict[str, Any]:
+    """Held-out mean relative error on peaks >= BIG_PEAK and below (None where there are none)."""
+    out: dict[str, Any] = {}
+    for key, mask in (("big", y >= BIG_PEAK), ("small", y < BIG_PEAK)):
+        chosen = mask.nonzero()[0]
+        errors = relative_errors(predictor.predict(X[chosen]), y[chosen]) if chosen.size else None
+        out[f"mean_rel_error_{key}"] = None if errors is None else errors["mean_rel_error"]
+        out[f"n_{key}"] = int(chosen.size)
+    return out
 
 
 def _request_seeds(

@@ -8,20 +8,26 @@ clock; :class:`~gnnserve.deploy.faas.pool.FunctionPool` executes the actions on 
 Instance ids are assigned here (0, 1, 2, ...); request ids come from the caller.
 
 ``load_aware`` (§4.4, Figure 11):
-- every warm instance has a FCFS queue and runs the front of its own queue next;
+- every warm instance has a FCFS queue;
 - on arrival, launch a new instance only when ``n_req > n_container`` (requests waiting or
   running, the new one counted, vs instances warm or starting) and no instance is idle;
 - the request then runs on the idle instance that became idle last (ties: lowest id), else joins
   the queue of the warm instance with the shortest queue (ties: lowest id), else (nothing warm)
   the temporary queue;
-- an instance that becomes idle (cold start done, or its queue drained) takes the temporary
-  queue's head, else steals the request at the tail of the longest queue (ties: lowest id).
+- an instance that finishes a request or its cold start runs whichever arrived first of its own
+  queue's front and the temporary queue's head (at the instance cap both may hold requests:
+  serving its own queue first would let later arrivals overtake earlier ones); with both empty it
+  steals from the longest queue (ties: lowest id). It steals that queue's *front*, where §4.4
+  takes the tail: the load moved is the same, and no queue is ever served out of arrival order.
 
 ``naive`` (the platform default): an idle instance runs the request; otherwise a new instance is
 launched for it and the request waits for that instance's cold start (no queues, no steals). At
 ``max_instances`` the request waits in the temporary queue for the next instance to go idle.
 
 Both: an instance idle for ``keep_alive_s`` or longer is stopped by :meth:`Scheduler.tick`.
+:meth:`Scheduler.expect` announces a request still in an earlier stage (sampling, for the
+inference function): the launch its arrival would decide happens now, so its cold start overlaps
+the earlier stage instead of following it.
 """
 
 from __future__ import annotations
@@ -97,8 +103,15 @@ class _Instance:
     reserved: int | None = None  # naive: the request it was launched for
 
 
+EXPECTED = -1  # naive: an instance launched for an announced request (Scheduler.expect)
+
+
 class Policy:
     """Where an arriving request goes and what an instance that went idle takes."""
+
+    def prelaunch(self, s: Scheduler, now: float) -> list[Action]:
+        """Launch for an announced request (already counted in ``s.expected``) if needed."""
+        raise NotImplementedError
 
     def place(self, s: Scheduler, request: int, now: float) -> list[Action]:
         """Place ``request`` (already counted in ``s.n_requests``)."""
@@ -128,24 +141,44 @@ class LoadAware(Policy):
             s._temporary.append(request)
         return actions
 
+    def prelaunch(self, s: Scheduler, now: float) -> list[Action]:
+        if s.n_requests + s.expected > s.n_containers and s._may_launch():
+            return [s._launch()]
+        return []
+
     def take_work(self, s: Scheduler, instance: int) -> Run | None:
-        if s._temporary:
+        own = s._instances[instance].queue
+        if own or s._temporary:
+            if own and (not s._temporary or s._seq[own[0]] < s._seq[s._temporary[0]]):
+                return s._run(instance, own.popleft())
             return s._run(instance, s._temporary.popleft())
         queued = [(-len(x.queue), i) for i, x in s._instances.items() if x.queue]
         if not queued:
             return None
         victim = min(queued)[1]  # longest queue, lowest id on ties
         s._count["steals"] += 1
-        return s._run(instance, s._instances[victim].queue.pop())
+        return s._run(instance, s._instances[victim].queue.popleft())
 
 
 class Naive(Policy):
     """§3.4.2: run on an idle instance, else launch one for the request and wait for it."""
 
+    def prelaunch(self, s: Scheduler, now: float) -> list[Action]:
+        held = sum(x.state == "idle" or x.reserved == EXPECTED for x in s._instances.values())
+        if held >= s.expected or not s._may_launch():
+            return []
+        launch = s._launch()
+        s._instances[launch.instance].reserved = EXPECTED
+        return [launch]
+
     def place(self, s: Scheduler, request: int, now: float) -> list[Action]:
         idle = s._latest_idle()
         if idle is not None:
             return [s._run(idle, request)]
+        for inst in s._instances.values():
+            if inst.reserved == EXPECTED:  # launched for an announced request: this one
+                inst.reserved = request
+                return []
         if not s._may_launch():
             s._temporary.append(request)
             return []
@@ -155,6 +188,8 @@ class Naive(Policy):
 
     def take_work(self, s: Scheduler, instance: int) -> Run | None:
         inst = s._instances[instance]
+        if inst.reserved == EXPECTED:
+            inst.reserved = None  # idle now: the announced request takes it on arrival
         if inst.reserved is not None:
             request, inst.reserved = inst.reserved, None
             return s._run(instance, request)
@@ -194,6 +229,9 @@ class Scheduler:
         self._instances: dict[int, _Instance] = {}  # insertion order == id order
         self._temporary: deque[int] = deque()
         self._live: set[int] = set()  # requests waiting or running
+        self._seq: dict[int, int] = {}  # arrival order of requests not finished (kept on retry)
+        self._arrivals = 0
+        self.expected = 0  # announced requests not arrived yet (expect)
         self._next_id = 0
         self._count: Counter[str] = Counter()
 
@@ -234,7 +272,7 @@ class Scheduler:
         for inst in self._instances.values():
             states[inst.state] += 1
         queues = {i: len(x.queue) for i, x in self._instances.items() if x.state != "starting"}
-        reserved = sum(x.reserved is not None for x in self._instances.values())
+        reserved = sum(x.reserved not in (None, EXPECTED) for x in self._instances.values())
         c = self._count
         return SchedulerView(
             states, queues, len(self._temporary), reserved, c["launches"], c["steals"],
@@ -242,12 +280,48 @@ class Scheduler:
         )  # fmt: skip
 
     # events ---------------------------------------------------------------------------------
-    def arrive(self, request: int, now: float) -> list[Action]:
-        """Request ``request`` arrived at ``now`` (s); ids must not repeat while it is live."""
+    def expect(self, now: float) -> list[Action]:
+        """A request will arrive soon (its earlier stage runs now): launch for it at once if
+        its arrival would launch. Each call is matched by one ``arrive(..., expected=True)`` or
+        one :meth:`unexpect`."""
+        self.expected += 1
+        return self._policy.prelaunch(self, now)
+
+    def unexpect(self) -> None:
+        """An announced request will not arrive (its earlier stage failed)."""
+        self.expected = max(0, self.expected - 1)
+
+    def arrive(self, request: int, now: float, expected: bool = False) -> list[Action]:
+        """Request ``request`` arrived at ``now`` (s); ids must not repeat while it is live.
+        ``expected``: it was announced by :meth:`expect`. A request arriving again after its
+        instance died (a retry) keeps its place in the arrival order."""
         if request in self._live:
             raise InvalidInputError(f"request {request} is already waiting or running", "request")
+        if expected:
+            self.unexpect()
         self._live.add(request)
+        if request not in self._seq:
+            self._seq[request] = self._arrivals
+            self._arrivals += 1
         return self._policy.place(self, request, now)
+
+    def forget(self, request: int) -> None:
+        """The caller gave up on a request :meth:`failed` reported (no retry)."""
+        self._seq.pop(request, None)
+
+    def waiting(self) -> dict[int, str]:
+        """Each waiting request and where: ``temporary``, ``queue:<instance>`` or
+        ``reserved:<instance>`` (for tests and debugging)."""
+        where = {r: "temporary" for r in self._temporary}
+        for i, inst in self._instances.items():
+            where.update({r: f"queue:{i}" for r in inst.queue})
+            if inst.reserved not in (None, EXPECTED):
+                where[int(inst.reserved)] = f"reserved:{i}"  # type: ignore[arg-type]
+        return where
+
+    def arrival_order(self, request: int) -> int:
+        """The position of ``request`` in the arrival order (0 first)."""
+        return self._seq[request]
 
     def ready(self, instance: int, now: float) -> list[Action]:
         """``instance`` finished its cold start at ``now`` (s): it goes idle and takes work."""
@@ -255,13 +329,12 @@ class Scheduler:
         return self._went_idle(instance, now)
 
     def done(self, instance: int, now: float) -> list[Action]:
-        """``instance`` finished its request at ``now`` (s): its queue's front, else take work."""
+        """``instance`` finished its request at ``now`` (s): it takes its next work."""
         inst = self._get(instance, "done", "busy")
         if inst.running is not None:  # always set while busy
             self._live.discard(inst.running)
+            self._seq.pop(inst.running, None)
         inst.running = None
-        if inst.queue:
-            return [self._run(instance, inst.queue.popleft())]
         return self._went_idle(instance, now)
 
     def failed(self, instance: int, now: float) -> Failure:
@@ -275,7 +348,8 @@ class Scheduler:
         del self._instances[instance]
         lost = [] if inst.running is None else [inst.running]
         self._live.difference_update(lost)
-        pending = ([] if inst.reserved is None else [inst.reserved]) + list(inst.queue)
+        reserved = [] if inst.reserved in (None, EXPECTED) else [int(inst.reserved)]
+        pending = reserved + list(inst.queue)
         actions: list[Action] = []
         for request in pending:
             actions += self._policy.place(self, request, now)
@@ -289,12 +363,14 @@ class Scheduler:
         dropped = list(self._temporary)
         self._temporary.clear()
         for inst in self._instances.values():
-            if inst.reserved is not None:
-                dropped.append(inst.reserved)
+            if inst.reserved not in (None, EXPECTED):
+                dropped.append(int(inst.reserved))
                 inst.reserved = None
             dropped += inst.queue
             inst.queue.clear()
         self._live.difference_update(dropped)  # no longer counted in n_requests
+        for request in dropped:
+            self._seq.pop(request, None)
         return dropped
 
     def tick(self, now: float) -> list[Action]:

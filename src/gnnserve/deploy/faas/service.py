@@ -3,13 +3,19 @@
 A request (seeds) goes to the sample function's pool; its :class:`SampledRequest` then goes to
 the inference function's pool (FaaS-GNN §4.1: the subgraph passes from one instance to the
 other); the answer carries the outputs and what the request cost (fetches, cache, memory,
-time per stage). Both pools start empty and scale to zero after ``keep_alive_s`` idle.
+time per stage). The inference pool is told of the request when it enters the sample pool
+(:meth:`FunctionPool.expect`), so a request that meets no warm instance pays one cold start, not
+two in series. Both pools start empty and scale to zero after ``keep_alive_s`` idle. Instances
+start by ``launch`` (:data:`~gnnserve.deploy.faas.launch.LAUNCHERS`: ``process`` or ``fork``);
+each gets a CPU quota of ``memory / mb_per_cpu`` cores (0: none), as FaaS platforms allot CPU in
+proportion to memory (FaaS-GNN §5.1; AWS Lambda: one vCPU per 1,769 MB).
 """
 
 from __future__ import annotations
 
 import itertools
 import os
+import shutil
 import time
 import uuid
 from concurrent.futures import Future
@@ -18,9 +24,15 @@ from typing import Any
 
 import numpy as np
 
+import gnnserve.deploy.faas.fork  # noqa: F401 - registers the "fork" launch path
 from gnnserve.deploy.faas.cgroup import cgroup_support, cleanup_stale
-from gnnserve.deploy.faas.function import FunctionSpec, InferenceOutput, SampledRequest
-from gnnserve.deploy.faas.instance import launch
+from gnnserve.deploy.faas.function import (
+    FunctionSpec,
+    InferenceOutput,
+    SampledRequest,
+    scratch_dir,
+)
+from gnnserve.deploy.faas.launch import LAUNCHERS, InstanceHandle, Resources
 from gnnserve.deploy.faas.pool import FunctionPool
 from gnnserve.deploy.faas.scheduler import Scheduler
 from gnnserve.deploy.ray import start_ray, stop_ray
@@ -46,16 +58,28 @@ class FaaSService:
         keep_alive_s: float = 600.0,
         max_instances: int | None = None,
         sample_memory_mb: int | None = None,
+        launch: str = "process",
+        mb_per_cpu: float = 0.0,
     ) -> None:
         self.spec = spec
-        self._started_ray = start_ray(num_cpus=max(2, (max_instances or 4) * 2))
+        self.mb_per_cpu = float(mb_per_cpu)
         self._tag = f"p{os.getpid()}-{uuid.uuid4().hex[:8]}"  # cgroup names: unique per service
+        self.launcher = LAUNCHERS.create(launch, self._tag)
+        self._started_ray = start_ray(num_cpus=max(2, (max_instances or 4) * 2))
         if cgroup_support() is None:
             cleanup_stale()  # empty groups of instances of earlier services
         self._names = itertools.count()
         sample_spec = replace(
             spec, memory_mb=spec.memory_mb if sample_memory_mb is None else sample_memory_mb
         )
+        try:
+            self.launcher.prepare("sample", sample_spec)
+            self.launcher.prepare("infer", spec)
+            self.launcher.wait_ready()
+        except Exception:
+            self.launcher.close()
+            stop_ray(self._started_ray)
+            raise
         self.sampler = self._pool("sample", sample_spec, policy, keep_alive_s, max_instances)
         self.inference = self._pool("infer", spec, policy, keep_alive_s, max_instances)
 
@@ -68,9 +92,12 @@ class FaaSService:
         max_instances: int | None,
     ) -> FunctionPool:
         tag = f"{self._tag}-{kind}"
+        cpus = spec.memory_mb / self.mb_per_cpu if self.mb_per_cpu and spec.memory_mb else 0.0
+        resources = Resources(spec.memory_mb, cpus)
 
-        def factory(instance: int) -> Any:
-            return launch(kind, spec, f"{tag}-{instance}-{next(self._names)}")
+        def factory(instance: int) -> InstanceHandle:
+            name = f"{tag}-{instance}-{next(self._names)}"
+            return self.launcher.launch(kind, spec, name, resources)
 
         scheduler = Scheduler(policy, keep_alive_s=keep_alive_s, max_instances=max_instances)
         capacity_gb = (spec.memory_mb or 0) / 1024.0
@@ -80,15 +107,17 @@ class FaaSService:
         """Answer ``seeds`` (valid int64 ids) through both pools; the future holds the result."""
         start = time.perf_counter()
         outer: Future[FaaSResult] = Future()
+        self.inference.expect()  # its cold start, if it needs one, overlaps sampling
         sampled = self.sampler.submit((np.asarray(seeds, dtype=np.int64), rng_seed))
 
         def on_sampled(f: Future[SampledRequest]) -> None:
             error = f.exception()
             if error is not None:
+                self.inference.unexpect()
                 outer.set_exception(error)
                 return
             request = f.result()
-            inferred = self.inference.submit(request)
+            inferred = self.inference.submit(request, expected=True)
 
             def on_inferred(g: Future[InferenceOutput]) -> None:
                 exc = g.exception()
@@ -125,14 +154,17 @@ class FaaSService:
             time.sleep(0.2)
         return True
 
-    def summary(self) -> dict[str, float | int]:
-        """Cold starts, mean cold-start seconds, instance failures, steals and GB·s so far."""
+    def summary(self) -> dict[str, Any]:
+        """Cold starts (count, mean and each one's seconds), instance failures, retries, steals
+        and GB·s so far."""
         pools = (self.sampler, self.inference)
         cold = [s for p in pools for s in p.stats.cold_start_s]
         return {
             "cold_starts": sum(p.stats.cold_starts for p in pools),
             "cold_start_mean_s": float(sum(cold) / len(cold)) if cold else 0.0,
+            "cold_start_s": cold,
             "failures": sum(p.stats.failures for p in pools),
+            "retries": sum(p.stats.retries for p in pools),
             "steals": sum(p.scheduler.steals for p in pools),
             "gb_seconds": self.gb_seconds(),
         }
@@ -145,6 +177,9 @@ class FaaSService:
         """Stop every instance (and the Ray instance when this service started it)."""
         self.sampler.shutdown()
         self.inference.shutdown()
+        self.launcher.close()
+        for leftover in scratch_dir(self._tag).parent.glob(f"{self._tag}-*"):
+            shutil.rmtree(leftover, ignore_errors=True)  # instances that died mid-download
         if cgroup_support() is None:
             _cleanup_groups()
         stop_ray(self._started_ray)

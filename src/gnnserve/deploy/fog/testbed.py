@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -86,13 +87,16 @@ def _check_cores(cores: float) -> None:
 
 
 class CpuQuota:
-    """A cgroup v1 CPU quota of ``cores`` CPUs for the processes added to it."""
+    """A cgroup v1 CPU quota of ``cores`` CPUs for the processes added to it, named ``name``
+    under ``group``."""
 
-    def __init__(self, name: str, cores: float) -> None:
-        if not name.isidentifier():
-            raise InvalidInputError(f"cgroup name must be an identifier, got {name!r}", "name")
+    def __init__(self, name: str, cores: float, group: str = GROUP) -> None:
+        if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}", name):
+            raise InvalidInputError(
+                f"cgroup name must be letters, digits, '_', '.' or '-', got {name!r}", "name"
+            )
         _check_cores(cores)  # before the group exists: a refused quota leaves nothing behind
-        self.path = CPU_ROOT / GROUP / name
+        self.path = CPU_ROOT / group / name
         self.path.mkdir(parents=True, exist_ok=True)
         self.set_cores(cores)
 
