@@ -8,9 +8,10 @@ scaled so the peak fits this machine, keeping the pattern (the paper scales its 
 cluster the same way).
 
 Query vertices: the paper maps the trace onto each dataset's vertex-ID access sequence. Our
-graphs have no access log, so the sequence is the destination ids of the edge list in stored
-order (an interaction log: a vertex is queried about as often as it receives edges), read from
-a random starting point.
+graphs have no access log, so the caller derives one from the edge list: the destination ids
+grouped by source (an interaction log where consecutive entries are the recipients of one user's
+interactions; a vertex is queried about as often as it receives edges), read from a random
+starting point.
 """
 
 from __future__ import annotations
@@ -93,9 +94,9 @@ def arrivals(
     return times, info
 
 
-def query_sequence(dst_in_edge_order: np.ndarray, n: int, seed: int) -> np.ndarray:
-    """``n`` query vertices: consecutive destination ids of the edge list from a random start
+def query_sequence(access: np.ndarray, n: int, seed: int) -> np.ndarray:
+    """``n`` query vertices: consecutive entries of the access sequence from a random start
     (wrapping around)."""
-    start = int(np.random.default_rng(seed).integers(0, dst_in_edge_order.size))
-    idx = (start + np.arange(n)) % dst_in_edge_order.size
-    return np.asarray(dst_in_edge_order[idx], dtype=np.int64)
+    start = int(np.random.default_rng(seed).integers(0, access.size))
+    idx = (start + np.arange(n)) % access.size
+    return np.asarray(access[idx], dtype=np.int64)

@@ -198,6 +198,8 @@ SERVE_FLAG_VALUES = [
     ("--fetch", "full", "deploy.fetch", "full"),
     ("--no-cache", None, "deploy.cache", False),
     ("--max-instances", "4", "deploy.max_instances", 4),
+    ("--launch", "fork", "deploy.launch", "fork"),
+    ("--mb-per-cpu", "0", "deploy.mb_per_cpu", 0.0),
     ("--nodes", "nodes.yaml", "deploy.nodes", "nodes.yaml"),
     ("--fog-mode", "strawman", "deploy.fog_mode", "strawman"),
 ]

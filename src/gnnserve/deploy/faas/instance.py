@@ -94,9 +94,11 @@ class FunctionInstance:
         return self.function.infer(request)
 
     def memory(self) -> dict[str, int]:
-        """Resident bytes now and, under a cgroup, its peak and OOM kill count."""
-        out = {"rss_bytes": _rss()}
+        """Resident and anonymous resident bytes now, the process id and, under a cgroup, what
+        it charges now, its peak and its limit (bytes)."""
+        out = {"pid": os.getpid(), "rss_bytes": _rss(), "anon_bytes": _anon()}
         if self.cgroup is not None:
+            out["usage_bytes"] = self.cgroup.usage_bytes
             out["peak_bytes"] = self.cgroup.max_usage_bytes
             out["limit_bytes"] = self.cgroup.limit_bytes
         return out
@@ -114,6 +116,15 @@ def _enter_cgroups(name: str, resources: Resources) -> MemoryCgroup | None:
     if resources.cpus:
         CpuQuota(name, resources.cpus, group=CPU_GROUP).add(os.getpid())
     return group
+
+
+def _anon() -> int:
+    """Anonymous resident bytes (``RssAnon``): pages only this process's cgroup can be charged."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1]) * 1024
+    return 0
 
 
 def _rss() -> int:

@@ -52,6 +52,8 @@ class PoolStats:
     retries: int = 0  # requests run again after their instance died
     gb_seconds: float = 0.0  # capacity x lifetime of stopped instances (running ones: live_gb_s)
     completed: int = 0  # requests answered
+    launched_at: list[float] = field(default_factory=list)  # monotonic s of each launch
+    done_at: list[float] = field(default_factory=list)  # monotonic s of each answer
 
 
 @dataclass
@@ -184,6 +186,7 @@ class FunctionPool:
             if payload_future is not None:
                 _settle(payload_future[1], outcome)
                 self.stats.completed += 1
+                self.stats.done_at.append(now)
             return sched.done(instance, now)
         return sched.tick(now)
 
@@ -238,6 +241,7 @@ class FunctionPool:
 
     def _launch(self, instance: int, now: float) -> None:
         self.stats.cold_starts += 1
+        self.stats.launched_at.append(now)
         try:
             handle = self._factory(instance)
         except Exception as exc:  # noqa: BLE001 - a launch that fails is a failed cold start

@@ -1,0 +1,217 @@
+"""Instance launch paths and the memory rules with real processes and real cgroups: forked
+instances answer as local inference does, a process instance is charged from its first byte,
+one cold start per request, no scratch file outlives an instance, an OOM-killed request runs
+again on a fresh instance, and a prediction above the free budget clears the cache first."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from gnnserve.deploy.faas.cgroup import MemoryCgroup, cgroup_support
+from gnnserve.deploy.faas.function import FunctionSpec, scratch_dir
+from gnnserve.deploy.faas.pool import InstanceFailedError
+from gnnserve.deploy.faas.service import FaaSService
+from gnnserve.models.memory import MemoryPredictor
+from tests.conftest import make_checkpoint
+from tests.deploy.faas.test_service import local_logits, star_store
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.distributed,
+    pytest.mark.skipif(cgroup_support() is not None, reason=str(cgroup_support())),
+]
+MB = 1 << 20
+
+
+@pytest.fixture(scope="module")
+def ray_session() -> Iterator[None]:
+    from gnnserve.deploy.ray import start_ray, stop_ray
+
+    started = start_ray(num_cpus=4)
+    yield
+    stop_ray(started)
+
+
+def _instances(service: FaaSService, pool: str) -> list[str]:
+    """Names of the instances alive in ``pool`` ("sample" | "infer")."""
+    chosen = service.sampler if pool == "sample" else service.inference
+    return [i.handle.name for i in chosen._instances.values()]
+
+
+def _parent(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])
+
+
+def test_forked_instances_answer_as_local_inference(
+    ray_session: None, small_store: Path, tmp_path: Path
+) -> None:
+    ckpt = make_checkpoint(small_store, tmp_path / "sage", arch="sage")
+    spec = FunctionSpec(small_store.as_uri(), str(ckpt), (5, 3), memory_mb=400)
+    service = FaaSService(spec, keep_alive_s=60.0, launch="fork", mb_per_cpu=400)
+    try:
+        for key, ids in enumerate(([3], [7, 7, 100], [1999, 0])):
+            seeds = np.array(ids, dtype=np.int64)
+            got = service.predict(seeds, rng_seed=key)
+            want = local_logits(small_store, ckpt, seeds, [5, 3], key)
+            torch.testing.assert_close(got.output.logits, want, rtol=1e-5, atol=1e-5)
+        templates = {f.result().process.pid for f in service.launcher._templates.values()}
+        for pool, memory in service.instance_memory().items():
+            (info,) = memory
+            assert _parent(info["pid"]) in templates, pool  # forked from a template
+            (name,) = _instances(service, pool)
+            assert f"memory:/gnnserve/{name}" in Path(f"/proc/{info['pid']}/cgroup").read_text()
+            assert info["limit_bytes"] == 400 * MB
+        cpu = Path(f"/sys/fs/cgroup/cpu/gnnserve-faas/{_instances(service, 'infer')[0]}")
+        assert (cpu / "cpu.cfs_quota_us").read_text() == (cpu / "cpu.cfs_period_us").read_text()
+        assert service.summary()["cold_starts"] == 2
+    finally:
+        service.shutdown()
+    assert not cpu.exists()  # the owner removed its cgroups
+
+
+def test_a_process_instance_is_charged_from_its_first_byte(
+    ray_session: None, small_store: Path, tmp_path: Path
+) -> None:
+    """Every anonymous page of the process, the Python runtime included, is charged to the
+    instance's cgroup (joined after start-up, a v1 cgroup charged only what came later)."""
+    ckpt = make_checkpoint(small_store, tmp_path / "gcn", arch="gcn")
+    spec = FunctionSpec(small_store.as_uri(), str(ckpt), (5, 3), memory_mb=1500)
+    service = FaaSService(spec, keep_alive_s=60.0)
+    try:
+        service.predict(np.array([4]), rng_seed=0)
+        for pool, memory in service.instance_memory().items():
+            (info,) = memory
+            assert info["anon_bytes"] > 150 * MB, pool  # torch and the runtime
+            assert info["usage_bytes"] >= info["anon_bytes"], (pool, info)
+    finally:
+        service.shutdown()
+
+
+def test_the_inference_instance_starts_while_the_request_samples(
+    ray_session: None, small_store: Path, tmp_path: Path
+) -> None:
+    ckpt = make_checkpoint(small_store, tmp_path / "gcn", arch="gcn")
+    spec = FunctionSpec(small_store.as_uri(), str(ckpt), (5, 3))
+    service = FaaSService(spec, keep_alive_s=60.0, launch="fork")
+    try:
+        service.predict(np.array([4]), rng_seed=0)
+        infer, sample = service.inference.stats, service.sampler.stats
+        assert infer.cold_starts == sample.cold_starts == 1
+        assert infer.launched_at[0] < sample.done_at[0]  # launched before sampling ended
+    finally:
+        service.shutdown()
+
+
+def test_sample_instances_compile_their_kernels_in_the_cold_start(small_store: Path) -> None:
+    code = (
+        "import sys\n"
+        "from gnnserve.sampling import kernels\n"
+        "from gnnserve.deploy.faas.function import FunctionSpec, SampleFunction\n"
+        "ds = [v for v in vars(kernels).values() if hasattr(v, 'signatures')]\n"
+        "before = sum(len(d.signatures) for d in ds)\n"
+        "SampleFunction(FunctionSpec(sys.argv[1], '', (5, 3)))\n"
+        "print(before, sum(len(d.signatures) for d in ds))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, small_store.as_uri()],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    before, after = (int(v) for v in out.stdout.split())
+    assert before == 0 and after > 0
+
+
+@pytest.mark.parametrize("launch", ["fork", "process"])
+def test_no_scratch_file_outlives_a_full_fetch_instance(
+    ray_session: None, small_store: Path, tmp_path: Path, launch: str
+) -> None:
+    ckpt = make_checkpoint(small_store, tmp_path / "gcn", arch="gcn")
+    spec = FunctionSpec(small_store.as_uri(), str(ckpt), (5, 3), fetch="full", memory_mb=1500)
+    temp = Path(tempfile.gettempdir())
+    before = set(temp.iterdir())
+    service = FaaSService(spec, keep_alive_s=60.0, launch=launch)
+    tag = service._tag
+    try:
+        want = local_logits(small_store, ckpt, np.array([8]), [5, 3], 1)
+        got = service.predict(np.array([8]), rng_seed=1)
+        torch.testing.assert_close(got.output.logits, want, rtol=1e-5, atol=1e-5)
+        names = _instances(service, "sample") + _instances(service, "infer")
+        assert len(names) == 2
+        assert not any(scratch_dir(n).exists() for n in names)  # deleted once loaded
+    finally:
+        service.shutdown()
+    left = {p for p in set(temp.iterdir()) - before if "gnnserve" in p.name}
+    assert not left and not list(scratch_dir(tag).parent.glob(f"{tag}*"))
+
+
+def test_an_oom_killed_request_runs_again_on_a_fresh_instance(
+    ray_session: None, tmp_path: Path
+) -> None:
+    store = star_store(tmp_path / "star")
+    ckpt = make_checkpoint(store, tmp_path / "ckpt", arch="sage")
+    spec = FunctionSpec(store.as_uri(), str(ckpt), (-1, 1), memory_mb=1200, cache=False)
+    service = FaaSService(spec, keep_alive_s=60.0, launch="fork")
+    try:
+        service.predict(np.array([5]), rng_seed=0)
+        (name,) = _instances(service, "infer")
+        group = MemoryCgroup(name, 1200 * MB)
+        MemoryCgroup(name, group.usage_bytes + 8 * MB)  # this instance only: tight
+        want = local_logits(store, ckpt, np.array([0]), [-1, 1], 0)
+        got = service.predict(np.array([0]), rng_seed=0)  # 100 MB of features: killed, rerun
+        torch.testing.assert_close(got.output.logits, want, rtol=1e-5, atol=1e-5)
+        stats = service.inference.stats
+        assert (stats.failures, stats.retries, stats.cold_starts) == (1, 1, 2)
+        assert name not in _instances(service, "infer")
+    finally:
+        service.shutdown()
+
+
+def test_a_request_killed_twice_is_a_503(ray_session: None, tmp_path: Path) -> None:
+    store = star_store(tmp_path / "star")
+    ckpt = make_checkpoint(store, tmp_path / "ckpt", arch="sage")
+    spec = FunctionSpec(store.as_uri(), str(ckpt), (-1, 1), memory_mb=120, cache=False)
+    service = FaaSService(spec, keep_alive_s=60.0, launch="fork", sample_memory_mb=0)
+    try:
+        small = service.predict(np.array([5]), rng_seed=0)  # reads 2 rows: fits
+        with pytest.raises(InstanceFailedError, match="died twice") as err:
+            service.predict(np.array([0]), rng_seed=0)  # 100 MB of features, on both tries
+        assert err.value.http_status == 503 and err.value.retry_after_s == 1.0
+        stats = service.inference.stats
+        assert (stats.failures, stats.retries) == (2, 1)
+        again = service.predict(np.array([5]), rng_seed=0)  # a replacement instance answers
+        torch.testing.assert_close(again.output.logits, small.output.logits)
+    finally:
+        service.shutdown()
+
+
+def test_a_prediction_above_the_free_budget_clears_the_cache_in_a_real_cgroup(
+    ray_session: None, small_store: Path, tmp_path: Path
+) -> None:
+    ckpt = make_checkpoint(small_store, tmp_path / "gcn", arch="gcn")
+    rng = np.random.default_rng(0)
+    X = rng.uniform(1, 2000, (200, 6))
+    y = X[:, 0] * 400_000  # 400 KB per input node: ~600 MB for 1,500 of them
+    MemoryPredictor(2, fanouts=(5, 3)).fit(X, y, epochs=800).save(ckpt)
+    spec = FunctionSpec(small_store.as_uri(), str(ckpt), (5, 3), memory_mb=400)
+    service = FaaSService(spec, keep_alive_s=60.0, launch="fork")
+    try:
+        first = service.predict(np.array([3]), rng_seed=0)  # predicted a few MB: rows cached
+        assert not first.output.cleared and first.output.misses > 0
+        seeds = np.arange(0, 2000, 4, dtype=np.int64)
+        got = service.predict(seeds, rng_seed=1)
+        assert got.output.predicted_bytes > 400 * MB and got.output.cleared
+        assert got.output.evicted == first.output.misses  # every row cached before
+        want = local_logits(small_store, ckpt, seeds, [5, 3], 1)
+        torch.testing.assert_close(got.output.logits, want, rtol=1e-5, atol=1e-5)
+    finally:
+        service.shutdown()
