@@ -24,8 +24,12 @@ def _probs(base: str, nodes: list[int]) -> np.ndarray:
     return np.asarray(body["predictions"], dtype=np.float64)
 
 
-def test_faas_answers_equal_local_and_report_metrics(small_store: Path, small_ckpt: Path) -> None:
+@pytest.mark.parametrize("launch", ["process", "fork"])
+def test_faas_answers_equal_local_and_report_metrics(
+    small_store: Path, small_ckpt: Path, launch: str
+) -> None:
     faas_flags = [*FANOUTS, "--deploy", "faas", "--remote", small_store.as_uri()]
+    faas_flags += ["--launch", launch, "--memory-mb", "1500", "--sample-memory-mb", "1500"]
     with (
         served(small_store, small_ckpt, *FANOUTS) as local,
         served(small_store, small_ckpt, *faas_flags, "--keep-alive-s", "120") as faas,
@@ -38,6 +42,7 @@ def test_faas_answers_equal_local_and_report_metrics(small_store: Path, small_ck
         assert metric(faas, "gnnserve_deploy_faas_cache_hit_rate") > 0  # the repeat hit
         assert metric(faas, "gnnserve_deploy_faas_topology_bytes") > 0
         assert metric(faas, "gnnserve_deploy_faas_infer_instances_idle") == 1
+        assert metric(faas, "gnnserve_deploy_faas_infer_retries") == 0
         r = httpx.post(f"{faas}/v1/predict", json={"nodes": [1], "fanouts": [2, 2]}, timeout=30)
         assert r.status_code == 400 and "fanouts" in r.json()["error"]["message"]
         r = httpx.post(f"{faas}/v1/predict", json={"nodes": [2000]}, timeout=30)

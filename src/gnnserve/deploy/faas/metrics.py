@@ -1,7 +1,8 @@
 """FaaSMetrics: what the serverless deployment reports on /metrics (gnnserve_deploy_* gauges).
 
 Per pool (``sample``, ``infer``): instances by state, cold starts, mean cold-start seconds,
-requests queued on instances and in the temporary queue, steals, instance failures, GB·s.
+requests queued on instances and in the temporary queue, steals, instance failures, requests
+retried after their instance died, GB·s.
 Per request, accumulated: cache hits and misses (hit rate), bytes fetched (topology and
 features), predicted and measured peak inference memory (last, and the mean relative error),
 requests before which a prediction above the free budget cleared the cache.
@@ -93,6 +94,7 @@ def pool_gauges(pool: FunctionPool) -> dict[str, object]:
             f"{prefix}_temporary_queue": view.temporary,
             f"{prefix}_steals": view.steals,
             f"{prefix}_failures": stats.failures,
+            f"{prefix}_retries": stats.retries,
         }
     )
     return gauges
