@@ -9,7 +9,9 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -40,6 +42,16 @@ def ray_session() -> Iterator[None]:
     stop_ray(started)
 
 
+@contextmanager
+def running(spec: FunctionSpec, **options: Any) -> Iterator[FaaSService]:
+    """A service for ``spec`` (keep-alive 60 s), shut down on exit."""
+    service = FaaSService(spec, keep_alive_s=60.0, **options)
+    try:
+        yield service
+    finally:
+        service.shutdown()
+
+
 def _instances(service: FaaSService, pool: str) -> list[str]:
     """Names of the instances alive in ``pool`` ("sample" | "infer")."""
     chosen = service.sampler if pool == "sample" else service.inference
@@ -56,8 +68,7 @@ def test_forked_instances_answer_as_local_inference(
 ) -> None:
     ckpt = make_checkpoint(small_store, tmp_path / "sage", arch="sage")
     spec = FunctionSpec(small_store.as_uri(), str(ckpt), (5, 3), memory_mb=400)
-    service = FaaSService(spec, keep_alive_s=60.0, launch="fork", mb_per_cpu=400)
-    try:
+    with running(spec, launch="fork", mb_per_cpu=400) as service:
         for key, ids in enumerate(([3], [7, 7, 100], [1999, 0])):
             seeds = np.array(ids, dtype=np.int64)
             got = service.predict(seeds, rng_seed=key)
@@ -73,8 +84,6 @@ def test_forked_instances_answer_as_local_inference(
         cpu = Path(f"/sys/fs/cgroup/cpu/gnnserve-faas/{_instances(service, 'infer')[0]}")
         assert (cpu / "cpu.cfs_quota_us").read_text() == (cpu / "cpu.cfs_period_us").read_text()
         assert service.summary()["cold_starts"] == 2
-    finally:
-        service.shutdown()
     assert not cpu.exists()  # the owner removed its cgroups
 
 
@@ -85,15 +94,12 @@ def test_a_process_instance_is_charged_from_its_first_byte(
     instance's cgroup (joined after start-up, a v1 cgroup charged only what came later)."""
     ckpt = make_checkpoint(small_store, tmp_path / "gcn", arch="gcn")
     spec = FunctionSpec(small_store.as_uri(), str(ckpt), (5, 3), memory_mb=1500)
-    service = FaaSService(spec, keep_alive_s=60.0)
-    try:
+    with running(spec) as service:
         service.predict(np.array([4]), rng_seed=0)
         for pool, memory in service.instance_memory().items():
             (info,) = memory
             assert info["anon_bytes"] > 150 * MB, pool  # torch and the runtime
             assert info["usage_bytes"] >= info["anon_bytes"], (pool, info)
-    finally:
-        service.shutdown()
 
 
 def test_the_inference_instance_starts_while_the_request_samples(
@@ -101,14 +107,11 @@ def test_the_inference_instance_starts_while_the_request_samples(
 ) -> None:
     ckpt = make_checkpoint(small_store, tmp_path / "gcn", arch="gcn")
     spec = FunctionSpec(small_store.as_uri(), str(ckpt), (5, 3))
-    service = FaaSService(spec, keep_alive_s=60.0, launch="fork")
-    try:
+    with running(spec, launch="fork") as service:
         service.predict(np.array([4]), rng_seed=0)
         infer, sample = service.inference.stats, service.sampler.stats
         assert infer.cold_starts == sample.cold_starts == 1
         assert infer.launched_at[0] < sample.done_at[0]  # launched before sampling ended
-    finally:
-        service.shutdown()
 
 
 def test_sample_instances_compile_their_kernels_in_the_cold_start(small_store: Path) -> None:
@@ -139,18 +142,16 @@ def test_no_scratch_file_outlives_a_full_fetch_instance(
     spec = FunctionSpec(small_store.as_uri(), str(ckpt), (5, 3), fetch="full", memory_mb=1500)
     temp = Path(tempfile.gettempdir())
     before = set(temp.iterdir())
-    service = FaaSService(spec, keep_alive_s=60.0, launch=launch)
-    tag = service._tag
-    try:
+    with running(spec, launch=launch) as service:
+        tag = service._tag
         want = local_logits(small_store, ckpt, np.array([8]), [5, 3], 1)
         got = service.predict(np.array([8]), rng_seed=1)
         torch.testing.assert_close(got.output.logits, want, rtol=1e-5, atol=1e-5)
         names = _instances(service, "sample") + _instances(service, "infer")
         assert len(names) == 2
         assert not any(scratch_dir(n).exists() for n in names)  # deleted once loaded
-    finally:
-        service.shutdown()
-    left = {p for p in set(temp.iterdir()) - before if "gnnserve" in p.name}
+    new = {p for p in set(temp.iterdir()) - before if "gnnserve" in p.name}
+    left = {p for p in new if not p.is_dir() or any(p.iterdir())}  # empty shared parents aside
     assert not left and not list(scratch_dir(tag).parent.glob(f"{tag}*"))
 
 
@@ -160,8 +161,7 @@ def test_an_oom_killed_request_runs_again_on_a_fresh_instance(
     store = star_store(tmp_path / "star")
     ckpt = make_checkpoint(store, tmp_path / "ckpt", arch="sage")
     spec = FunctionSpec(store.as_uri(), str(ckpt), (-1, 1), memory_mb=1200, cache=False)
-    service = FaaSService(spec, keep_alive_s=60.0, launch="fork")
-    try:
+    with running(spec, launch="fork") as service:
         service.predict(np.array([5]), rng_seed=0)
         (name,) = _instances(service, "infer")
         group = MemoryCgroup(name, 1200 * MB)
@@ -172,16 +172,13 @@ def test_an_oom_killed_request_runs_again_on_a_fresh_instance(
         stats = service.inference.stats
         assert (stats.failures, stats.retries, stats.cold_starts) == (1, 1, 2)
         assert name not in _instances(service, "infer")
-    finally:
-        service.shutdown()
 
 
 def test_a_request_killed_twice_is_a_503(ray_session: None, tmp_path: Path) -> None:
     store = star_store(tmp_path / "star")
     ckpt = make_checkpoint(store, tmp_path / "ckpt", arch="sage")
     spec = FunctionSpec(store.as_uri(), str(ckpt), (-1, 1), memory_mb=120, cache=False)
-    service = FaaSService(spec, keep_alive_s=60.0, launch="fork", sample_memory_mb=0)
-    try:
+    with running(spec, launch="fork", sample_memory_mb=0) as service:
         small = service.predict(np.array([5]), rng_seed=0)  # reads 2 rows: fits
         with pytest.raises(InstanceFailedError, match="died twice") as err:
             service.predict(np.array([0]), rng_seed=0)  # 100 MB of features, on both tries
@@ -190,8 +187,6 @@ def test_a_request_killed_twice_is_a_503(ray_session: None, tmp_path: Path) -> N
         assert (stats.failures, stats.retries) == (2, 1)
         again = service.predict(np.array([5]), rng_seed=0)  # a replacement instance answers
         torch.testing.assert_close(again.output.logits, small.output.logits)
-    finally:
-        service.shutdown()
 
 
 def test_a_prediction_above_the_free_budget_clears_the_cache_in_a_real_cgroup(
@@ -203,8 +198,7 @@ def test_a_prediction_above_the_free_budget_clears_the_cache_in_a_real_cgroup(
     y = X[:, 0] * 400_000  # 400 KB per input node: ~600 MB for 1,500 of them
     MemoryPredictor(2, fanouts=(5, 3)).fit(X, y, epochs=800).save(ckpt)
     spec = FunctionSpec(small_store.as_uri(), str(ckpt), (5, 3), memory_mb=400)
-    service = FaaSService(spec, keep_alive_s=60.0, launch="fork")
-    try:
+    with running(spec, launch="fork") as service:
         first = service.predict(np.array([3]), rng_seed=0)  # predicted a few MB: rows cached
         assert not first.output.cleared and first.output.misses > 0
         seeds = np.arange(0, 2000, 4, dtype=np.int64)
@@ -213,5 +207,3 @@ def test_a_prediction_above_the_free_budget_clears_the_cache_in_a_real_cgroup(
         assert got.output.evicted == first.output.misses  # every row cached before
         want = local_logits(small_store, ckpt, seeds, [5, 3], 1)
         torch.testing.assert_close(got.output.logits, want, rtol=1e-5, atol=1e-5)
-    finally:
-        service.shutdown()
