@@ -35,6 +35,7 @@ from gnnserve.errors import InvalidInputError
 
 log = logging.getLogger(__name__)
 KINDS = ("sample", "infer")
+FORKED = False  # set in children of a fork template (deploy.faas.template)
 _MB = 1 << 20
 
 
@@ -58,7 +59,9 @@ class FunctionInstance:
             raise InvalidInputError(f"instance kind must be one of {KINDS}, got {kind!r}", "kind")
         start = time.perf_counter()
         self.cgroup = _enter_cgroups(name, resources)
-        torch.set_num_threads(max(1, int(resources.cpus)))
+        # a forked child keeps one thread: GNU OpenMP hangs when a child of a process that used
+        # it starts a team of its own
+        torch.set_num_threads(1 if FORKED else max(1, int(resources.cpus)))
         joined = time.perf_counter()
         self.function: SampleFunction | InferenceFunction
         scratch = scratch_dir(name)

@@ -85,8 +85,10 @@ def _portable(exc: BaseException) -> BaseException:
 
 def _child(address: str, authkey: bytes, kind: str, spec: Any, name: str, resources: Any) -> None:
     """The forked instance: build, say ready (or why not), serve."""
+    from gnnserve.deploy.faas import instance as instance_module
     from gnnserve.deploy.faas.instance import FunctionInstance
 
+    instance_module.FORKED = True
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     try:
         instance = FunctionInstance(kind, spec, name, resources)
