@@ -76,7 +76,7 @@ def main() -> None:
                 url, str(work / "model"), (10, 10), memory_mb=512, options=dict(server.options())
             )
             started = start_ray(num_cpus=8)  # once: services then leave it running
-            for launch in ("process", "fork"):
+            for launch in ("fork", "process"):
                 run = measure(spec, launch, args.requests)
                 print(
                     f"[coldstart] {launch}: cold start p50 {run['cold_start_p50_s']:.2f} s, "
