@@ -332,6 +332,12 @@ class Model:
     events=[("arrive", 0)] * 3 + [("ready", 0), ("arrive", 0), ("done", 0)],
     cap=2,
 )
+@example(  # instance 0 dies: its queued r2 joins instance 1's queue before the later r3
+    policy="load_aware",
+    events=[("arrive", 0), ("ready", 0), ("arrive", 0), ("ready", 0)]
+    + [("arrive", 0), ("arrive", 0), ("fail", 0), ("done", 0)],
+    cap=None,
+)
 @example(  # a steal: instance 1 takes r1, the front of instance 0's queue, not r2 behind it
     policy="load_aware",
     events=[("arrive", 0), ("ready", 0), ("arrive", 0), ("arrive", 0), ("ready", 0)],

@@ -136,9 +136,9 @@ class LoadAware(Policy):
         warm = [i for i, x in s._instances.items() if x.state != "starting"]
         if warm:
             shortest = min(warm, key=lambda i: (len(s._instances[i].queue), i))
-            s._instances[shortest].queue.append(request)
+            s._enqueue(s._instances[shortest].queue, request)
         else:
-            s._temporary.append(request)
+            s._enqueue(s._temporary, request)
         return actions
 
     def prelaunch(self, s: Scheduler, now: float) -> list[Action]:
@@ -180,7 +180,7 @@ class Naive(Policy):
                 inst.reserved = request
                 return []
         if not s._may_launch():
-            s._temporary.append(request)
+            s._enqueue(s._temporary, request)
             return []
         launch = s._launch()
         s._instances[launch.instance].reserved = request
@@ -404,6 +404,15 @@ class Scheduler:
             inst.idle_since = now
             return []
         return [run]
+
+    def _enqueue(self, queue: deque[int], request: int) -> None:
+        """Add ``request`` to ``queue`` in arrival order (a request placed again after its
+        instance died may have arrived before some already queued)."""
+        order = self._seq[request]
+        at = len(queue)
+        while at and self._seq[queue[at - 1]] > order:
+            at -= 1
+        queue.insert(at, request)
 
     def _may_launch(self) -> bool:
         return self.max_instances is None or len(self._instances) < self.max_instances
