@@ -35,7 +35,6 @@ from gnnserve.errors import InvalidInputError
 
 log = logging.getLogger(__name__)
 KINDS = ("sample", "infer")
-FORKED = False  # set in children of a fork template (deploy.faas.template)
 _MB = 1 << 20
 
 
@@ -52,16 +51,18 @@ class Startup:
 
 class FunctionInstance:
     """A ``kind`` ("sample" | "infer") instance built from ``spec``, named ``name`` (its
-    cgroups), limited to ``resources``."""
+    cgroups), limited to ``resources``; ``forked``: a child of a fork template."""
 
-    def __init__(self, kind: str, spec: FunctionSpec, name: str, resources: Resources) -> None:
+    def __init__(
+        self, kind: str, spec: FunctionSpec, name: str, resources: Resources, forked: bool = False
+    ) -> None:
         if kind not in KINDS:
             raise InvalidInputError(f"instance kind must be one of {KINDS}, got {kind!r}", "kind")
         start = time.perf_counter()
         self.cgroup = _enter_cgroups(name, resources)
         # a forked child keeps one thread: GNU OpenMP hangs when a child of a process that used
         # it starts a team of its own
-        torch.set_num_threads(1 if FORKED else max(1, int(resources.cpus)))
+        torch.set_num_threads(1 if forked else max(1, int(resources.cpus)))
         joined = time.perf_counter()
         self.function: SampleFunction | InferenceFunction
         scratch = scratch_dir(name)

@@ -84,7 +84,9 @@ class InstanceHandle(abc.ABC):
 
 class Launcher(abc.ABC):
     """Starts instances of one service (``tag``: the service's id); :meth:`close` ends what it
-    started."""
+    started. ``uses_ray``: its instances are Ray actors (the service starts Ray for them)."""
+
+    uses_ray = False
 
     def __init__(self, tag: str) -> None:
         self.tag = tag
@@ -176,6 +178,8 @@ def _first_line(exc: BaseException) -> str:
 @LAUNCHERS.register("process")
 class ProcessLauncher(Launcher):
     """Each instance a fresh Ray actor process, charged to its cgroups from its first byte."""
+
+    uses_ray = True
 
     def launch(
         self, kind: str, spec: FunctionSpec, name: str, resources: Resources

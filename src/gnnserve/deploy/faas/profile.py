@@ -19,6 +19,7 @@ import argparse
 import json
 import logging
 import time
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -39,7 +40,7 @@ def profile_predictor(
     """Profile ``requests`` requests, fit, save beside ``spec.model``; returns the held-out
     errors, sizes and timings."""
     start = time.perf_counter()
-    spec = FunctionSpec(spec.remote, spec.model, spec.fanouts, options=spec.options, gap=spec.gap)
+    spec = replace(spec, fetch="ondemand", cache=True, memory_mb=0, seed=0)  # the serving path
     sampler = SampleFunction(spec)
     inference = InferenceFunction(spec, predictor=False)
     seeds = _request_seeds(sampler.remote, queries, requests, seed)

@@ -101,9 +101,7 @@ class _Instance:
     running: int | None = None
     idle_since: float = 0.0  # seconds, when it last went idle
     reserved: int | None = None  # naive: the request it was launched for
-
-
-EXPECTED = -1  # naive: an instance launched for an announced request (Scheduler.expect)
+    announced: bool = False  # naive: launched for an announced request not arrived yet
 
 
 class Policy:
@@ -164,11 +162,11 @@ class Naive(Policy):
     """§3.4.2: run on an idle instance, else launch one for the request and wait for it."""
 
     def prelaunch(self, s: Scheduler, now: float) -> list[Action]:
-        held = sum(x.state == "idle" or x.reserved == EXPECTED for x in s._instances.values())
+        held = sum(x.state == "idle" or x.announced for x in s._instances.values())
         if held >= s.expected or not s._may_launch():
             return []
         launch = s._launch()
-        s._instances[launch.instance].reserved = EXPECTED
+        s._instances[launch.instance].announced = True
         return [launch]
 
     def place(self, s: Scheduler, request: int, now: float) -> list[Action]:
@@ -176,8 +174,8 @@ class Naive(Policy):
         if idle is not None:
             return [s._run(idle, request)]
         for inst in s._instances.values():
-            if inst.reserved == EXPECTED:  # launched for an announced request: this one
-                inst.reserved = request
+            if inst.announced:  # launched for an announced request: this one
+                inst.announced, inst.reserved = False, request
                 return []
         if not s._may_launch():
             s._enqueue(s._temporary, request)
@@ -188,8 +186,7 @@ class Naive(Policy):
 
     def take_work(self, s: Scheduler, instance: int) -> Run | None:
         inst = s._instances[instance]
-        if inst.reserved == EXPECTED:
-            inst.reserved = None  # idle now: the announced request takes it on arrival
+        inst.announced = False  # idle now: the announced request takes it on arrival
         if inst.reserved is not None:
             request, inst.reserved = inst.reserved, None
             return s._run(instance, request)
@@ -272,7 +269,7 @@ class Scheduler:
         for inst in self._instances.values():
             states[inst.state] += 1
         queues = {i: len(x.queue) for i, x in self._instances.items() if x.state != "starting"}
-        reserved = sum(x.reserved not in (None, EXPECTED) for x in self._instances.values())
+        reserved = sum(x.reserved is not None for x in self._instances.values())
         c = self._count
         return SchedulerView(
             states, queues, len(self._temporary), reserved, c["launches"], c["steals"],
@@ -315,8 +312,8 @@ class Scheduler:
         where = {r: "temporary" for r in self._temporary}
         for i, inst in self._instances.items():
             where.update({r: f"queue:{i}" for r in inst.queue})
-            if inst.reserved not in (None, EXPECTED):
-                where[int(inst.reserved)] = f"reserved:{i}"  # type: ignore[arg-type]
+            if inst.reserved is not None:
+                where[inst.reserved] = f"reserved:{i}"
         return where
 
     def arrival_order(self, request: int) -> int:
@@ -348,8 +345,7 @@ class Scheduler:
         del self._instances[instance]
         lost = [] if inst.running is None else [inst.running]
         self._live.difference_update(lost)
-        reserved = [] if inst.reserved in (None, EXPECTED) else [int(inst.reserved)]
-        pending = reserved + list(inst.queue)
+        pending = ([] if inst.reserved is None else [inst.reserved]) + list(inst.queue)
         actions: list[Action] = []
         for request in pending:
             actions += self._policy.place(self, request, now)
@@ -363,8 +359,8 @@ class Scheduler:
         dropped = list(self._temporary)
         self._temporary.clear()
         for inst in self._instances.values():
-            if inst.reserved not in (None, EXPECTED):
-                dropped.append(int(inst.reserved))
+            if inst.reserved is not None:
+                dropped.append(inst.reserved)
                 inst.reserved = None
             dropped += inst.queue
             inst.queue.clear()

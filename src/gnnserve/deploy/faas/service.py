@@ -65,7 +65,9 @@ class FaaSService:
         self.mb_per_cpu = float(mb_per_cpu)
         self._tag = f"p{os.getpid()}-{uuid.uuid4().hex[:8]}"  # cgroup names: unique per service
         self.launcher = LAUNCHERS.create(launch, self._tag)
-        self._started_ray = start_ray(num_cpus=max(2, (max_instances or 4) * 2))
+        self._started_ray = self.launcher.uses_ray and start_ray(
+            num_cpus=max(2, (max_instances or 4) * 2)
+        )
         if cgroup_support() is None:
             cleanup_stale()  # empty groups of instances of earlier services
         self._names = itertools.count()

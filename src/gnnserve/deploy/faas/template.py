@@ -85,13 +85,11 @@ def _portable(exc: BaseException) -> BaseException:
 
 def _child(address: str, authkey: bytes, kind: str, spec: Any, name: str, resources: Any) -> None:
     """The forked instance: build, say ready (or why not), serve."""
-    from gnnserve.deploy.faas import instance as instance_module
     from gnnserve.deploy.faas.instance import FunctionInstance
 
-    instance_module.FORKED = True
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     try:
-        instance = FunctionInstance(kind, spec, name, resources)
+        instance = FunctionInstance(kind, spec, name, resources, forked=True)
     except Exception as exc:  # noqa: BLE001 - reported to the launcher
         conn = Client(address, family="AF_UNIX", authkey=authkey)
         send(conn, ("failed", name, _portable(exc)))
