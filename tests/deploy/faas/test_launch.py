@@ -5,6 +5,8 @@ again on a fresh instance, and a prediction above the free budget clears the cac
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -85,6 +87,25 @@ def test_forked_instances_answer_as_local_inference(
         assert (cpu / "cpu.cfs_quota_us").read_text() == (cpu / "cpu.cfs_period_us").read_text()
         assert service.summary()["cold_starts"] == 2
     assert not cpu.exists()  # the owner removed its cgroups
+
+
+def test_a_forked_instance_that_dies_while_starting_fails_its_start(
+    small_store: Path, tmp_path: Path
+) -> None:
+    from gnnserve.deploy.faas.fork import ForkedInstance, ForkLauncher
+    from gnnserve.deploy.faas.launch import InstanceDiedError, Resources
+
+    ckpt = make_checkpoint(small_store, tmp_path / "gcn", arch="gcn")
+    spec = FunctionSpec(small_store.as_uri(), str(ckpt), (5, 3))
+    launcher = ForkLauncher("test-dies")
+    try:
+        handle = launcher.launch("infer", spec, "test-dies-0", Resources(0, 0.0))
+        assert isinstance(handle, ForkedInstance)
+        os.kill(handle.pid, signal.SIGKILL)  # before it has built its function and connected
+        with pytest.raises(InstanceDiedError, match="while starting"):
+            handle.call("ready").result(timeout=30)
+    finally:
+        launcher.close()
 
 
 def test_a_process_instance_is_charged_from_its_first_byte(

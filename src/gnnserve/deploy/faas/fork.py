@@ -29,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from multiprocessing.connection import Connection, Listener
@@ -49,6 +50,7 @@ from gnnserve.errors import GnnServeError
 
 log = logging.getLogger(__name__)
 TEMPLATE_START_S = 300.0  # imports and kernel compilation on a cold numba cache
+WATCH_S = 0.2  # how often children not connected yet are checked for life
 
 
 class TemplateError(GnnServeError):
@@ -173,6 +175,7 @@ class ForkLauncher(Launcher):
         self._lock = threading.Lock()
         self._closed = False
         threading.Thread(target=self._accept, name="fork-accept", daemon=True).start()
+        threading.Thread(target=self._watch, name="fork-watch", daemon=True).start()
 
     def prepare(self, kind: str, spec: FunctionSpec) -> None:
         """Start the template of (``kind``, ``spec``) unless it runs (warm-up goes on in the
@@ -256,6 +259,24 @@ class ForkLauncher(Launcher):
                     return
                 continue
             self._route(conn, hello)
+
+    def _watch(self) -> None:
+        """Fail the start of children that died before connecting (e.g. OOM-killed while they
+        load): no connection will ever close for them. The template lets the kernel reap its
+        children, so a dead child's pid is gone at once."""
+        while not self._closed:
+            time.sleep(WATCH_S)
+            with self._lock:
+                waiting = list(self._children.values())
+            for child in waiting:
+                try:
+                    os.kill(child.pid, 0)
+                except ProcessLookupError:
+                    with self._lock:
+                        self._children.pop(child.name, None)
+                    child.fail_start(
+                        InstanceDiedError(f"instance {child.name} died while starting", "instance")
+                    )
 
     def _route(self, conn: Connection, hello: tuple[Any, ...]) -> None:
         """A template says ("template", token); a child ("ready", name, startup) or
