@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import signal
 import subprocess
@@ -402,3 +403,47 @@ def test_calibrate_command_writes_the_profile_and_plot(
     assert "--runs" in capsys.readouterr().err
     assert main([*argv, "--fanouts", "4", "--out", str(out)]) == 2  # 1 hop for 2 layers
     assert "fanouts" in capsys.readouterr().err
+
+
+LIGHT_CHECK = """
+import json, sys
+from gnnserve.cli import main
+try:
+    code = main(sys.argv[1:])
+except SystemExit as exc:
+    code = exc.code
+heavy = sorted({"torch", "numba", "ray", "gnnserve.engine"} & set(sys.modules))
+print(json.dumps({"code": code, "heavy": heavy}))
+"""
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--help"],
+        ["--version"],
+        ["serve", "--help"],
+        ["objstore", "--help"],
+        ["log", "verify", "{log}"],
+        ["publish", "--store", "{store}", "--to", "{out}"],
+    ],
+)
+def test_light_commands_start_without_torch(argv, small_store: Path, tmp_path: Path) -> None:
+    (tmp_path / "u.log").write_bytes(b"")
+    where = {"log": str(tmp_path / "u.log"), "store": str(small_store), "out": str(tmp_path / "o")}
+    words = [a.format(**where) for a in argv]
+    done = subprocess.run(
+        [sys.executable, "-c", LIGHT_CHECK, *words], capture_output=True, text=True, timeout=120
+    )
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result == {"code": 0, "heavy": []}, done.stderr[-2000:]
+
+
+def test_only_the_command_given_is_configured() -> None:
+    from gnnserve.cli import COMMANDS
+
+    parser = build_parser("log")
+    assert parser.parse_args(["log", "verify", "x"]).log_command == "verify"
+    with pytest.raises(SystemExit):  # another command's arguments were never declared
+        parser.parse_args(["publish", "--store", "s", "--to", "t"])
+    assert set(COMMANDS) == set(build_parser()._subparsers._group_actions[0].choices)  # type: ignore[union-attr]

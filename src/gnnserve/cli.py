@@ -322,51 +322,47 @@ def _lazy(module: str, attr: str) -> Callable[..., object]:
     return call
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser with one sub-command per job."""
-    from gnnserve.data import prepare
-    from gnnserve.dynamic import logtool
-    from gnnserve.embeddings import precompute
-    from gnnserve.models import train
+def _module_arguments(module: str) -> Callable[[argparse.ArgumentParser], None]:
+    """A configurer that imports ``module`` (only when its command runs) and calls its
+    ``add_arguments``; the module sets its own ``func`` or gets its ``run``."""
 
-    parser = argparse.ArgumentParser(prog="gnnserve", description=__doc__)
-    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
-    sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("prepare", help="import or generate a graph into a store directory")
-    prepare.add_arguments(p)
-    p.set_defaults(func=prepare.run)
-    p = sub.add_parser("train", help="train a model on a store and write a checkpoint")
-    train.add_arguments(p)
-    p.set_defaults(func=train.run)
-    p = sub.add_parser("precompute", help="write every layer's embeddings of a checkpoint")
-    precompute.add_arguments(p)
-    p.set_defaults(func=precompute.run)
-    p = sub.add_parser("calibrate", help="measure PSGS latency curves of the sampling paths")
-    _calibrate_arguments(p)
-    p.set_defaults(func=run_calibrate)
-    p = sub.add_parser("serve", help="serve a checkpoint over HTTP")
-    _serve_arguments(p)
-    p.set_defaults(func=run_serve)
-    p = sub.add_parser("bench", help="send load to a running server, print latency/throughput")
-    _bench_arguments(p)
-    p.set_defaults(func=run_bench)
-    p = sub.add_parser("demo", help="the whole job end to end on a generated graph")
+    def configure(p: argparse.ArgumentParser) -> None:
+        import importlib
+
+        mod = importlib.import_module(module)
+        mod.add_arguments(p)
+        if hasattr(mod, "run"):
+            p.set_defaults(func=mod.run)
+
+    return configure
+
+
+def _with(add: Callable[[argparse.ArgumentParser], None], func: Callable[..., object]) -> Any:
+    def configure(p: argparse.ArgumentParser) -> None:
+        add(p)
+        p.set_defaults(func=func)
+
+    return configure
+
+
+def _demo_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workdir", default="demo_data", help="where the store and checkpoint go")
     p.add_argument("--requests", type=int, default=400, help="HTTP requests to send")
-    p.set_defaults(func=_lazy("gnnserve.demo", "run"))
-    p = sub.add_parser("log", help="verify or repair a graph update log (serve --update-log)")
-    logtool.add_arguments(p)
-    p = sub.add_parser("objstore", help="run SeaweedFS (S3 API) on 127.0.0.1 until stopped")
+
+
+def _objstore_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dir", default="objstore_data", help="where SeaweedFS keeps its data")
     p.add_argument("--bucket", default="gnnserve", help="bucket created at start-up")
     p.add_argument("--port", type=int, default=None, help="S3 port (default: a free one)")
-    p.set_defaults(func=run_objstore)
-    p = sub.add_parser("publish", help="upload a prepared store to s3://bucket/prefix or a dir")
+
+
+def _publish_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--store", required=True, help="the prepared store directory")
     p.add_argument("--to", required=True, help="s3://bucket/prefix (AWS_* env) or a directory")
     p.add_argument("--overwrite", action="store_true", help="replace a non-empty destination")
-    p.set_defaults(func=run_publish)
-    p = sub.add_parser("faas", help="serverless deployment (serve --deploy faas) tools")
+
+
+def _faas_arguments(p: argparse.ArgumentParser) -> None:
     faas = p.add_subparsers(dest="faas_command", required=True)
     q = faas.add_parser("profile", help="train a model's memory predictor on a published store")
     q.add_argument("--remote", required=True, help="published store URL (s3://... or a path)")
@@ -377,13 +373,79 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--requests", type=int, default=200, help="requests to profile")
     q.add_argument("--seed", type=int, default=0)
     q.set_defaults(func=_lazy("gnnserve.deploy.faas.profile", "run"))
+
+
+# name -> (help, configurer). A configurer runs only for the command being parsed, so heavy
+# modules (torch, the engine) load only for the commands that use them: `gnnserve --help`,
+# `log verify`, `objstore` and `publish` start without torch.
+COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
+    "prepare": (
+        "import or generate a graph into a store directory",
+        _module_arguments("gnnserve.data.prepare"),
+    ),
+    "train": (
+        "train a model on a store and write a checkpoint",
+        _module_arguments("gnnserve.models.train"),
+    ),
+    "precompute": (
+        "write every layer's embeddings of a checkpoint",
+        _module_arguments("gnnserve.embeddings.precompute"),
+    ),
+    "calibrate": (
+        "measure PSGS latency curves of the sampling paths",
+        _with(_calibrate_arguments, run_calibrate),
+    ),
+    "serve": ("serve a checkpoint over HTTP", _with(_serve_arguments, run_serve)),
+    "bench": (
+        "send load to a running server, print latency/throughput",
+        _with(_bench_arguments, run_bench),
+    ),
+    "demo": (
+        "the whole job end to end on a generated graph",
+        _with(_demo_arguments, _lazy("gnnserve.demo", "run")),
+    ),
+    "log": (
+        "verify or repair a graph update log (serve --update-log)",
+        _module_arguments("gnnserve.dynamic.logtool"),
+    ),
+    "objstore": (
+        "run SeaweedFS (S3 API) on 127.0.0.1 until stopped",
+        _with(_objstore_arguments, run_objstore),
+    ),
+    "publish": (
+        "upload a prepared store to s3://bucket/prefix or a dir",
+        _with(_publish_arguments, run_publish),
+    ),
+    "faas": ("serverless deployment (serve --deploy faas) tools", _faas_arguments),
+}
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The argument parser with one sub-command per job; only ``command``'s arguments are
+    declared (all of them when None), so parsing one command imports only what it needs."""
+    from gnnserve import __version__
+
+    parser = argparse.ArgumentParser(prog="gnnserve", description=__doc__)
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument("--version", action="version", version=f"gnnserve {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, (text, configure) in COMMANDS.items():
+        p = sub.add_parser(name, help=text, description=text)
+        if command is None or command == name:
+            configure(p)
     return parser
+
+
+def _command_of(argv: Sequence[str]) -> str | None:
+    """The sub-command named in ``argv`` (its first word that is not an option), if any."""
+    return next((a for a in argv if not a.startswith("-")), None)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``gnnserve`` console script."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    words = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(_command_of(words) or "")
+    args = parser.parse_args(words)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s %(message)s"
     )

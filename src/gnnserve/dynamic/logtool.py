@@ -22,12 +22,13 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from gnnserve.dynamic.store import DynamicStore, InvalidLoggedBatchError
 from gnnserve.dynamic.wal import LogScan, fsync_dir, locked, record_offset, scan_log
 from gnnserve.errors import InvalidInputError, StoreFormatError
-from gnnserve.features import open_feature_store
-from gnnserve.graph import open_graph_store
+
+if TYPE_CHECKING:  # the store replay loads torch; a plain verify does not
+    from gnnserve.dynamic.store import InvalidLoggedBatchError
 
 _CHUNK = 1 << 20
 
@@ -65,6 +66,10 @@ class LogCheck:
 def check_batches(path: Path, store: str | Path, scan: LogScan) -> InvalidLoggedBatchError | None:
     """Replay the log's good records against ``store`` read-only, as serve's start-up does;
     the first batch it refuses, or None. A log written for another store raises."""
+    from gnnserve.dynamic.store import DynamicStore, InvalidLoggedBatchError
+    from gnnserve.features import open_feature_store
+    from gnnserve.graph import open_graph_store
+
     graph, features = open_graph_store(store), open_feature_store(store)
     try:
         DynamicStore(graph, features, path, read_only=True, store_path=store).close()
