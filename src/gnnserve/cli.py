@@ -308,7 +308,7 @@ def run_publish(args: argparse.Namespace) -> int:
 
     from gnnserve.data.publish import publish
 
-    report = publish(args.store, args.to, overwrite=args.overwrite)
+    report = publish(args.store, args.to, overwrite=args.overwrite, block_bytes=args.block_kb << 10)
     print(json.dumps(asdict(report), indent=2))
     return 0
 
@@ -360,6 +360,13 @@ def _publish_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--store", required=True, help="the prepared store directory")
     p.add_argument("--to", required=True, help="s3://bucket/prefix (AWS_* env) or a directory")
     p.add_argument("--overwrite", action="store_true", help="replace a non-empty destination")
+    p.add_argument(
+        "--block-kb",
+        type=int,
+        default=1024,
+        help="files above this size go as blocks of it, which keeps range reads cheap on "
+        "stores that read whole chunks (SeaweedFS); 0 uploads every file whole (default 1024)",
+    )
 
 
 def _faas_arguments(p: argparse.ArgumentParser) -> None:

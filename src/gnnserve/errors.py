@@ -122,6 +122,15 @@ class StoreFormatError(GnnServeError, ValueError):
     kind = "store_format"
 
 
+class StoreTimeoutError(GnnServeError):
+    """A read from a remote store ran past its deadline: the store is slow or the request reads
+    too much (retrying may succeed)."""
+
+    http_status = 504
+    kind = "store_timeout"
+    retry_after_s = 1.0
+
+
 class ReadOnlyStoreError(GnnServeError):
     """Updates were sent to a server whose store is immutable (started without an update log)."""
 

@@ -26,6 +26,7 @@ def uploaded(object_store: Any) -> tuple[Any, bytes]:
     blobs = open_blobs(f"s3://{object_store.bucket}/ranges", object_store.options())
     data = np.random.default_rng(0).bytes(SIZE)
     blobs.put("x.bin", data)
+    blobs.manifest()  # the one GET for the block manifest (absent here), before any counting
     return blobs, data
 
 
@@ -137,3 +138,16 @@ def test_on_demand_sampling_from_s3_equals_local(object_store: Any, small_store:
     for a, b in zip(got.subgraph.blocks, want.blocks, strict=True):
         np.testing.assert_array_equal(a.edge_index.numpy(), b.edge_index.numpy())
     assert 0 < got.bytes_read < (small_store / "indices.bin").stat().st_size
+
+
+def test_a_read_past_its_deadline_is_a_504_not_a_format_error(object_store: Any) -> None:
+    from gnnserve.errors import StoreTimeoutError
+
+    blobs = open_blobs(f"s3://{object_store.bucket}/ranges", object_store.options())
+    blobs.deadline_s = 1e-4  # type: ignore[attr-defined]  # S3BlobStore's deadline, seconds
+    starts = np.arange(0, SIZE - 100, 100)
+    with pytest.raises(StoreTimeoutError, match="took longer than 0.0001 s") as err:
+        blobs.get_ranges("x.bin", starts, starts + 50)
+    assert err.value.http_status == 504 and err.value.retry_after_s == 1.0
+    blobs.deadline_s = 30.0  # type: ignore[attr-defined]
+    assert blobs.get_ranges("x.bin", [0], [3]) == [blobs.get("x.bin")[:3]]

@@ -10,6 +10,10 @@ read with obstore). Both serve the same calls, so one code path reads both.
 request per range; callers merge adjacent ranges first with :func:`coalesce` (object stores'
 own coalescing merges ranges up to 1 MiB apart, which would make bytes read grow with the graph
 instead of the request). Every backend counts its requests and bytes in :attr:`BlobStore.stats`.
+
+A store published with a block manifest (:mod:`gnnserve.data.blocks`) keeps its large files as
+fixed-size block objects; ``size``, ``get`` and ``get_ranges`` read them as the one object they
+stand for (a range crossing a block boundary costs one request per block it touches).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
+from gnnserve.data.blocks import MANIFEST, BlockManifest, block_name, split_ranges
 from gnnserve.errors import InvalidInputError, StoreFormatError
 from gnnserve.registry import Registry
 from gnnserve.urls import resolve
@@ -54,14 +59,54 @@ class BlobStore(abc.ABC):
     def __init__(self, url: str) -> None:
         self.url = url  # the root this store reads, as given
         self.stats = FetchStats()
+        self._manifest: BlockManifest | None = None  # read on first use
+        self._manifest_lock = threading.Lock()
 
     @abc.abstractmethod
-    def size(self, name: str) -> int:
-        """Length of object ``name`` in bytes; StoreFormatError naming it when it is missing."""
+    def _size(self, name: str) -> int:
+        """Length of stored object ``name`` in bytes; StoreFormatError when it is missing."""
 
     @abc.abstractmethod
     def _get(self, name: str) -> bytes:
         """The whole object."""
+
+    @abc.abstractmethod
+    def _get_optional(self, name: str) -> bytes | None:
+        """The whole object, or None when there is none of that name."""
+
+    def _get_many(self, requests: list[tuple[str, int, int]]) -> list[bytes]:
+        """Bytes ``[lo, hi)`` of object ``name`` for each non-empty ``(name, lo, hi)``, one
+        request each (backends that can issue them all at once override this)."""
+        out: list[bytes] = [b""] * len(requests)
+        by_name: dict[str, list[int]] = {}
+        for i, (name, _, _) in enumerate(requests):
+            by_name.setdefault(name, []).append(i)
+        for name, idx in by_name.items():
+            lo, hi = [requests[i][1] for i in idx], [requests[i][2] for i in idx]
+            parts = self._get_ranges(name, lo, hi)
+            for i, part in zip(idx, parts, strict=True):
+                out[i] = part
+        return out
+
+    def manifest(self) -> BlockManifest:
+        """The store's block manifest (empty when it has none), read once."""
+        with self._manifest_lock:
+            if self._manifest is None:
+                data = self._get_optional(MANIFEST)
+                where = f"{self.url}/{MANIFEST}"
+                parsed = None if data is None else BlockManifest.parse(data, where)
+                self._manifest = parsed or BlockManifest()
+            return self._manifest
+
+    def forget_manifest(self) -> None:
+        """Read the manifest again on next use (after a publish rewrote it)."""
+        with self._manifest_lock:
+            self._manifest = None
+
+    def size(self, name: str) -> int:
+        """Length of object ``name`` in bytes; StoreFormatError naming it when it is missing."""
+        blocked = self.manifest().objects
+        return blocked[name] if name in blocked else self._size(name)
 
     @abc.abstractmethod
     def _get_ranges(self, name: str, starts: list[int], ends: list[int]) -> list[bytes]:
@@ -84,7 +129,19 @@ class BlobStore(abc.ABC):
         raise NotImplementedError(f"{type(self).__name__} cannot delete objects")
 
     def get(self, name: str) -> bytes:
-        """Object ``name`` whole (one request, counted)."""
+        """Object ``name`` whole (one request, or one per block, counted)."""
+        manifest = self.manifest()
+        if name in manifest.objects:
+            size, step = manifest.objects[name], manifest.block_bytes
+            blocks = [
+                (block_name(name, i), 0, min(step, size - i * step))
+                for i in range(manifest.blocks(name))
+            ]
+            parts = self._get_many(blocks)
+            self._check_lengths(name, blocks, parts)
+            data = b"".join(parts)
+            self.stats.add(len(parts), len(data))
+            return data
         data = self._get(name)
         self.stats.add(1, len(data))
         return data
@@ -102,9 +159,53 @@ class BlobStore(abc.ABC):
             )
         if lo.size == 0:
             return []
+        manifest = self.manifest()
+        if name in manifest.objects:
+            return self._get_blocked_ranges(name, manifest, lo, hi)
         parts = self._get_ranges(name, lo.tolist(), hi.tolist())
         self.stats.add(len(parts), sum(len(p) for p in parts))
         return parts
+
+    def _get_blocked_ranges(
+        self, name: str, manifest: BlockManifest, lo: np.ndarray, hi: np.ndarray
+    ) -> list[bytes]:
+        """``get_ranges`` of a blocked object: each range cut at block boundaries, every piece
+        fetched at once, the pieces of a range joined in order."""
+        size = manifest.objects[name]
+        if int(hi.max()) > size:
+            raise StoreFormatError(
+                f"{self.url}: range end {int(hi.max())} past the end of {name!r} ({size} bytes)",
+                "remote",
+            )
+        wanted = np.flatnonzero(hi > lo)
+        block, b_lo, b_hi, owner = split_ranges(lo[wanted], hi[wanted], manifest.block_bytes)
+        pieces = [
+            (block_name(name, b), a, z)
+            for b, a, z in zip(block.tolist(), b_lo.tolist(), b_hi.tolist(), strict=True)
+        ]
+        parts = self._get_many(pieces)
+        self._check_lengths(name, pieces, parts)
+        self.stats.add(len(parts), sum(len(p) for p in parts))
+        out = [b""] * lo.size
+        if owner.size == wanted.size:  # no range crossed a boundary: one piece each
+            for i, part in zip(wanted.tolist(), parts, strict=True):
+                out[i] = part
+            return out
+        starts = np.flatnonzero(np.r_[True, owner[1:] != owner[:-1]]).tolist() + [owner.size]
+        for k, i in enumerate(wanted.tolist()):
+            out[i] = b"".join(parts[starts[k] : starts[k + 1]])
+        return out
+
+    def _check_lengths(
+        self, name: str, pieces: list[tuple[str, int, int]], parts: list[bytes]
+    ) -> None:
+        """StoreFormatError when a block returned fewer bytes than asked (a truncated block)."""
+        for (block, a, z), part in zip(pieces, parts, strict=True):
+            if len(part) != z - a:
+                raise StoreFormatError(
+                    f"{self.url}: block {block!r} of {name!r} is shorter than its manifest says",
+                    "remote",
+                )
 
 
 BLOB_STORES: Registry[BlobStore] = Registry("blob_store")
@@ -123,18 +224,22 @@ class LocalBlobStore(BlobStore):
             raise InvalidInputError(f"bad object name {name!r}", "name")
         return self.root / name
 
-    def size(self, name: str) -> int:
+    def _size(self, name: str) -> int:
         try:
             return self._path(name).stat().st_size
         except FileNotFoundError:
             raise StoreFormatError(f"{self.url}: object {name!r} not found", "remote") from None
 
     def _get(self, name: str) -> bytes:
-        self.size(name)
+        self._size(name)
         return self._path(name).read_bytes()
 
+    def _get_optional(self, name: str) -> bytes | None:
+        path = self._path(name)
+        return path.read_bytes() if path.is_file() else None
+
     def _get_ranges(self, name: str, starts: list[int], ends: list[int]) -> list[bytes]:
-        size = self.size(name)
+        size = self._size(name)
         if ends and max(ends) > size:
             raise StoreFormatError(
                 f"{self.url}: range end {max(ends)} past the end of {name!r} ({size} bytes)",

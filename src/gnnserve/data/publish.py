@@ -7,6 +7,10 @@ reading whole rows). ``meta.json`` goes last, so a reader never finds a store wh
 are incomplete (overwriting removes the old ``meta.json`` first; other old objects are replaced
 or left). Every object's size is checked after the upload. A non-empty destination is refused
 unless ``overwrite``.
+
+A file larger than ``block_bytes`` (default 1 MiB; 0 keeps every file whole) goes as block
+objects listed in ``blocks.json`` (:mod:`gnnserve.data.blocks`: why, and how readers use them),
+uploaded :data:`UPLOAD_THREADS` at a time.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import io
 import logging
 import time
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +27,7 @@ import numpy as np
 
 from gnnserve.data import layout
 from gnnserve.data.blobs import BlobStore, open_blobs
+from gnnserve.data.blocks import DEFAULT_BLOCK_BYTES, MANIFEST, BlockManifest, block_name
 from gnnserve.errors import InvalidInputError, StoreFormatError
 from gnnserve.urls import local_path
 
@@ -30,6 +36,7 @@ __all__ = ["SELF_LOOPS", "PublishReport", "publish", "self_loop_ids"]
 log = logging.getLogger(__name__)
 SELF_LOOPS = "self_loops.npy"
 _CHUNK_EDGES = 1 << 23  # edges scanned at once for self loops (bounded memory)
+UPLOAD_THREADS = 8  # block uploads in flight
 
 
 @dataclass
@@ -37,9 +44,10 @@ class PublishReport:
     """What ``publish`` uploaded."""
 
     url: str  # destination, as given
-    files: list[str]  # object names, in upload order (meta.json last)
+    files: list[str]  # file names, in upload order (meta.json last)
     bytes: int  # payload bytes uploaded
     seconds: float  # wall time of the upload and the size checks
+    blocks: int = 0  # block objects the files above the block size went as
 
 
 def self_loop_ids(
@@ -74,11 +82,15 @@ def publish(
     options: Mapping[str, str] | None = None,
     overwrite: bool = False,
     progress: bool = True,
+    block_bytes: int = DEFAULT_BLOCK_BYTES,
 ) -> PublishReport:
     """Upload the store at ``store_dir`` to ``to_url`` (``s3://bucket/prefix``, a directory or a
     ``file://`` URL); ``options``: object-store settings (default: the AWS_* environment);
-    ``progress``: log a line per file. StoreFormatError for a directory that is not a store or a
-    size that differs after the upload; InvalidInputError for a non-empty destination."""
+    ``progress``: log a line per file; ``block_bytes``: files above this size go as blocks (0:
+    none). StoreFormatError for a directory that is not a store or a size that differs after the
+    upload; InvalidInputError for a non-empty destination or a negative block size."""
+    if block_bytes < 0:
+        raise InvalidInputError(f"block size must be >= 0 bytes, got {block_bytes}", "block_bytes")
     root = local_path(store_dir, "store")
     meta = layout.read_meta(root)  # refuses a directory that is not a store
     blobs = open_blobs(to_url, options)
@@ -88,28 +100,66 @@ def publish(
         )
     start = time.perf_counter()
     blobs.delete(layout.META)  # overwriting: no reader takes the prefix for a store meanwhile
-    sizes: dict[str, int] = {}
+    blobs.delete(MANIFEST)
+    sizes: dict[str, int] = {}  # object uploaded -> its size, to check
+    files: list[str] = []  # the store's files, in upload order
+    blocked = BlockManifest(block_bytes or DEFAULT_BLOCK_BYTES)
     for i, path in enumerate(layout.data_files(root, meta), 1):
-        sizes[path.name] = path.stat().st_size
+        size = path.stat().st_size
+        whole = block_bytes == 0 or size <= block_bytes
         if progress:
-            log.info(
-                "[%d] uploading %s (%.1f MB) to %s", i, path.name, sizes[path.name] / 1e6, to_url
-            )
-        blobs.put_file(path.name, path)
+            how = "" if whole else f" as {-(-size // block_bytes)} blocks"
+            log.info("[%d] uploading %s (%.1f MB)%s to %s", i, path.name, size / 1e6, how, to_url)
+        files.append(path.name)
+        if whole:
+            blobs.put_file(path.name, path)
+            sizes[path.name] = size
+        else:
+            blocked.objects[path.name] = size
+            sizes.update(_put_blocks(blobs, path, block_bytes))
     loops = _self_loops_npy(root, meta)
     blobs.put(SELF_LOOPS, loops)
     sizes[SELF_LOOPS] = len(loops)
+    files.append(SELF_LOOPS)
     _check_sizes(blobs, sizes, to_url)  # complete before meta.json makes it a store
-    meta_bytes = (root / layout.META).read_bytes()
-    blobs.put(layout.META, meta_bytes)
-    sizes[layout.META] = len(meta_bytes)
-    _check_sizes(blobs, {layout.META: len(meta_bytes)}, to_url)
-    report = PublishReport(to_url, list(sizes), sum(sizes.values()), time.perf_counter() - start)
+    last = {layout.META: (root / layout.META).read_bytes()}
+    if blocked.objects:
+        last = {MANIFEST: blocked.to_json(), **last}
+    for name, data in last.items():
+        blobs.put(name, data)
+        blobs.forget_manifest()
+        _check_sizes(blobs, {name: len(data)}, to_url)
+        sizes[name] = len(data)
+        files.append(name)
+    n_blocks = sum(blocked.blocks(name) for name in blocked.objects)
+    report = PublishReport(
+        to_url, files, sum(sizes.values()), time.perf_counter() - start, n_blocks
+    )
     if progress:
         log.info(
-            "published %d files, %.1f MB in %.1f s", len(sizes), report.bytes / 1e6, report.seconds
+            "published %d files (%d blocks), %.1f MB in %.1f s",
+            len(files),
+            n_blocks,
+            report.bytes / 1e6,
+            report.seconds,
         )
     return report
+
+
+def _put_blocks(blobs: BlobStore, path: Path, block_bytes: int) -> dict[str, int]:
+    """Upload file ``path`` as block objects of ``block_bytes``; their names and sizes."""
+    size = path.stat().st_size
+    names = [block_name(path.name, i) for i in range(-(-size // block_bytes))]
+
+    def put(index: int) -> int:
+        with path.open("rb") as f:
+            f.seek(index * block_bytes)
+            data = f.read(block_bytes)
+        blobs.put(names[index], data)
+        return len(data)
+
+    with ThreadPoolExecutor(UPLOAD_THREADS) as pool:
+        return dict(zip(names, pool.map(put, range(len(names))), strict=True))
 
 
 def _check_sizes(blobs: BlobStore, sizes: Mapping[str, int], to_url: str) -> None:

@@ -11,7 +11,10 @@ Settings come from ``options`` (``endpoint``, ``access_key_id``, ``secret_access
 ``region``) or the environment (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``,
 ``AWS_SECRET_ACCESS_KEY``, ``AWS_REGION``, default us-east-1); an ``http://`` endpoint is allowed
 and path-style addressing is used. Failed requests are retried 3 times within 20 s (obstore's
-default, 10 times within 3 minutes, would hang a request on a dead endpoint).
+default, 10 times within 3 minutes, would hang a request on a dead endpoint). One call's
+requests share a deadline, :attr:`S3BlobStore.deadline_s` (default :data:`DEADLINE_S`); a call
+that runs past it, or a request the HTTP client timed out, raises StoreTimeoutError (HTTP 504),
+not a format error.
 """
 
 from __future__ import annotations
@@ -28,13 +31,14 @@ import obstore
 from obstore.store import S3Store
 
 from gnnserve.data.blobs import BLOB_STORES, BlobStore
-from gnnserve.errors import InvalidInputError, StoreFormatError
+from gnnserve.errors import InvalidInputError, StoreFormatError, StoreTimeoutError
 from gnnserve.urls import StoreLocation
 
-__all__ = ["MAX_IN_FLIGHT", "S3BlobStore", "s3_settings"]
+__all__ = ["DEADLINE_S", "MAX_IN_FLIGHT", "S3BlobStore", "s3_settings"]
 
 T = TypeVar("T")
 MAX_IN_FLIGHT = 256  # concurrent range GETs per call (sockets, server fairness)
+DEADLINE_S = 30.0  # one call's requests, all together, in seconds
 _ENV = {
     "endpoint": "AWS_ENDPOINT_URL",
     "access_key_id": "AWS_ACCESS_KEY_ID",
@@ -95,6 +99,7 @@ class S3BlobStore(BlobStore):
         else:
             kwargs["skip_signature"] = True
         self.prefix = location.key.strip("/")
+        self.deadline_s = DEADLINE_S  # seconds one call's requests may take together
         self._store = S3Store(location.bucket, **kwargs)
 
     def _key(self, name: str) -> str:
@@ -108,6 +113,13 @@ class S3BlobStore(BlobStore):
             raise StoreFormatError(f"{self.url}: object {name!r} not found", "remote") from None
         where = self.endpoint or "the default AWS endpoint"
         first = (str(exc).splitlines() or [""])[0][:300]
+        if isinstance(exc, TimeoutError) or "timed out" in str(exc).lower():
+            raise StoreTimeoutError(
+                f"{self.url} ({where}): reading {name!r} took longer than {self.deadline_s:g} s "
+                "(a request that reads many rows of a wide table may fit better with --fetch full)",
+                "remote",
+                retry_after_s=1.0,
+            ) from exc
         raise StoreFormatError(
             f"{self.url} ({where}): {name!r}: {type(exc).__name__}: {first}", "remote"
         ) from exc
@@ -122,36 +134,54 @@ class S3BlobStore(BlobStore):
     def _run(self, coro: Coroutine[Any, Any, T], name: str) -> T:
         """Run ``coro`` on the event-loop thread and wait for it, with typed errors."""
         try:
-            return asyncio.run_coroutine_threadsafe(coro, _event_loop()).result()
+            timed = asyncio.wait_for(coro, self.deadline_s)
+            return asyncio.run_coroutine_threadsafe(timed, _event_loop()).result()
         except Exception as exc:  # noqa: BLE001 - see _fail
             self._fail(exc, name)
 
-    def size(self, name: str) -> int:
+    def _size(self, name: str) -> int:
         return int(self._call(obstore.head, name)["size"])
 
     def _get(self, name: str) -> bytes:
         return bytes(self._call(obstore.get, name).bytes())
 
-    def _get_ranges(self, name: str, starts: list[int], ends: list[int]) -> list[bytes]:
-        key = self._key(name)
-        wanted = [(lo, hi) for lo, hi in zip(starts, ends, strict=True) if hi > lo]
+    def _get_optional(self, name: str) -> bytes | None:
+        try:
+            return bytes(obstore.get(self._store, self._key(name)).bytes())
+        except FileNotFoundError:
+            return None
+        except Exception as exc:  # noqa: BLE001 - see _fail
+            self._fail(exc, name)
+
+    def _gather(self, requests: list[tuple[str, int, int]]) -> list[bytes]:
+        """Range GETs ``(key, lo, hi)``, at most MAX_IN_FLIGHT at a time, within the deadline."""
 
         async def gather() -> list[Any]:
             gate = asyncio.Semaphore(MAX_IN_FLIGHT)
 
-            async def one(lo: int, hi: int) -> Any:
+            async def one(key: str, lo: int, hi: int) -> Any:
                 async with gate:
                     return await obstore.get_range_async(self._store, key, start=lo, end=hi)
 
-            return await asyncio.gather(*[one(lo, hi) for lo, hi in wanted])
+            return await asyncio.gather(*[one(*r) for r in requests])
 
+        if not requests:
+            return []
+        return [bytes(p) for p in self._run(gather(), requests[0][0])]
+
+    def _get_many(self, requests: list[tuple[str, int, int]]) -> list[bytes]:
+        return self._gather([(self._key(name), lo, hi) for name, lo, hi in requests])
+
+    def _get_ranges(self, name: str, starts: list[int], ends: list[int]) -> list[bytes]:
+        key = self._key(name)
+        wanted = [(key, lo, hi) for lo, hi in zip(starts, ends, strict=True) if hi > lo]
         try:
-            fetched = iter(self._run(gather(), name)) if wanted else iter(())
+            fetched = iter(self._gather(wanted))
         except StoreFormatError:
             self._check_end(name, ends)  # a 416 for a range past the end: say so plainly
             raise
         pairs = list(zip(starts, ends, strict=True))
-        parts = [bytes(next(fetched)) if hi > lo else b"" for lo, hi in pairs]
+        parts = [next(fetched) if hi > lo else b"" for lo, hi in pairs]
         if any(len(p) != hi - lo for p, (lo, hi) in zip(parts, pairs, strict=True)):
             self._check_end(name, ends)  # S3 returns a short body for a range past the end
             raise StoreFormatError(f"{self.url}: short read of {name!r}", "remote")
@@ -159,7 +189,7 @@ class S3BlobStore(BlobStore):
 
     def _check_end(self, name: str, ends: list[int]) -> None:
         """StoreFormatError when a range ends past object ``name``."""
-        size = self.size(name)
+        size = self._size(name)
         if max(ends) > size:
             raise StoreFormatError(
                 f"{self.url}: range end {max(ends)} past the end of {name!r} ({size} bytes)",
