@@ -176,6 +176,23 @@ def test_no_scratch_file_outlives_a_full_fetch_instance(
     assert not left and not list(scratch_dir(tag).parent.glob(f"{tag}*"))
 
 
+def test_a_full_fetch_template_with_wide_rows_still_forks(tmp_path: Path) -> None:
+    """The template's warm-up gathers a table over 1 MiB (4,200 columns), so a parallel
+    numba kernel runs in it before it forks; GNU OpenMP's layer would abort that fork."""
+    from gnnserve.data import generators
+    from gnnserve.data.writer import write_store
+
+    store = tmp_path / "wide"
+    write_store(generators.rmat(300, 2400, feature_dim=4200, seed=3), store)
+    ckpt = make_checkpoint(store, tmp_path / "gcn", arch="gcn")
+    spec = FunctionSpec(store.as_uri(), str(ckpt), (-1, -1), fetch="full", cache=False)
+    with running(spec, launch="fork") as service:
+        got = service.predict(np.array([4, 9]), rng_seed=0)
+        assert service.summary()["failures"] == 0
+    want = local_logits(store, ckpt, np.array([4, 9]), [-1, -1], 0)
+    torch.testing.assert_close(got.output.logits, want, rtol=1e-4, atol=1e-4)
+
+
 def test_an_oom_killed_request_runs_again_on_a_fresh_instance(
     ray_session: None, tmp_path: Path
 ) -> None:

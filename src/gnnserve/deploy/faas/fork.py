@@ -231,6 +231,10 @@ class ForkLauncher(Launcher):
         out: Future[_Template],
     ) -> None:
         env = {**os.environ, "GNNSERVE_FORK_AUTHKEY": self._authkey.hex()}
+        # numba's GNU OpenMP layer aborts a fork after any parallel kernel ran (a full-fetch
+        # warm-up loads a store with parallel kernels); its workqueue layer is fork-safe, and an
+        # instance runs one call at a time, so it needs no thread-safe layer
+        env["NUMBA_THREADING_LAYER"] = "forksafe"
         argv = [sys.executable, "-m", "gnnserve.deploy.faas.template", self.address, token]
         process = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL)
         try:

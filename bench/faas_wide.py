@@ -1,0 +1,123 @@
+"""Serverless on a wide graph: full-neighbourhood requests, block objects vs whole files.
+
+facebook_pagepage (../shared/datasets: 22,470 pages, 4,714 feature columns, a 424 MB feature
+table) is published to SeaweedFS twice: as whole files (``--block-kb 0``, how stores were
+published before issue 25) and as 1 MiB block objects (the default). One FaaSService per arm
+(``--launch fork``, on-demand fetch, no feature cache so every request reads its rows, GCN-2 with
+fanouts -1,-1: every neighbour of two hops) answers the same requests: one seed each, at degree
+quantiles 5%..100% (deterministic), after one warm-up request. A third arm downloads the store
+at start (``--fetch full``, blocks) for the rule of thumb in the README. Recorded per request:
+seed, its degree, input rows, latency and feature-read time.
+Results: bench/results/faas_wide.json. Run: ``.venv/bin/python bench/faas_wide.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+import gnnserve  # noqa: F401  (first: sets the OpenMP wait policy)
+from common import DATASETS, RESULTS, environment, strict
+from gnnserve.data import layout
+from gnnserve.data.prepare import main as prepare_main
+from gnnserve.data.publish import publish
+from gnnserve.data.seaweed import ObjectStoreServer
+from gnnserve.deploy.faas.function import FunctionSpec
+from gnnserve.deploy.faas.service import FaaSService
+from gnnserve.models.checkpoint import save_checkpoint
+from gnnserve.models.zoo import GNN, ModelConfig
+
+QUANTILES = (0.05, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99, 1.0)
+
+
+def seeds_at_degree_quantiles(store: Path) -> tuple[np.ndarray, np.ndarray]:
+    """One vertex per quantile of in-degree, and the degrees."""
+    indptr = np.fromfile(store / layout.INDPTR, dtype=np.int64)
+    degree = np.diff(indptr)
+    order = np.argsort(degree, kind="stable")
+    picks = order[[min(int(q * degree.size), degree.size - 1) for q in QUANTILES]]
+    return picks.astype(np.int64), degree[picks]
+
+
+def measure(spec: FunctionSpec, arm: str, seeds: np.ndarray, degrees: np.ndarray) -> dict:
+    """Warm-up, then each seed once; per-request records."""
+    service = FaaSService(spec, keep_alive_s=600.0, launch="fork", mb_per_cpu=0)
+    records = []
+    try:
+        service.predict(np.array([int(seeds[0])], dtype=np.int64), rng_seed=0, timeout_s=600)
+        for seed, degree in zip(seeds.tolist(), degrees.tolist(), strict=True):
+            start = time.perf_counter()
+            result = service.predict(np.array([seed]), rng_seed=0, timeout_s=600)
+            records.append(
+                {
+                    "seed": seed,
+                    "degree": degree,
+                    "input_rows": result.output.misses + result.output.hits,
+                    "latency_ms": (time.perf_counter() - start) * 1e3,
+                    "fetch_ms": result.output.fetch_ms,
+                    "sample_ms": result.sample.sample_ms,
+                }
+            )
+            print(f"[wide] {arm}: {records[-1]}", flush=True)
+        cold = service.summary()["cold_start_s"]
+    finally:
+        service.shutdown()
+    latencies = [r["latency_ms"] for r in records]
+    return {
+        "arm": arm,
+        "cold_start_s": cold,
+        "requests": records,
+        "latency_p50_ms": float(np.median(latencies)),
+        "latency_max_ms": float(np.max(latencies)),
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--dataset", default="facebook_pagepage")
+    args = p.parse_args()
+    results: dict[str, Any] = {"environment": environment(), "args": vars(args), "runs": []}
+    with tempfile.TemporaryDirectory(prefix="gnnserve-wide-") as tmp:
+        work = Path(tmp)
+        npz = DATASETS / f"{args.dataset}.npz"
+        assert prepare_main(["npz", "--input", str(npz), "--out", str(work / "store")]) == 0
+        meta = layout.read_meta(work / "store")
+        torch.manual_seed(0)
+        config = ModelConfig("gcn", meta.feature_dim, 64, max(meta.num_classes, 2), 2, heads=1)
+        save_checkpoint(work / "model", GNN(config), config, {})
+        seeds, degrees = seeds_at_degree_quantiles(work / "store")
+        with ObjectStoreServer.start(work / "seaweed", bucket="bench") as server:
+            arms = [("whole", 0, "ondemand"), ("blocks", 1 << 20, "ondemand")]
+            arms.append(("full_fetch", 1 << 20, "full"))
+            for arm, block_bytes, fetch in arms:
+                url = f"s3://{server.bucket}/{arm}"
+                report = publish(work / "store", url, server.options(), block_bytes=block_bytes)
+                spec = FunctionSpec(
+                    url,
+                    str(work / "model"),
+                    (-1, -1),
+                    fetch=fetch,
+                    cache=False,
+                    options=dict(server.options()),
+                )
+                run = measure(spec, arm, seeds, degrees)
+                run["publish_s"], run["blocks"] = report.seconds, report.blocks
+                print(
+                    f"[wide] {arm}: p50 {run['latency_p50_ms']:.0f} ms, max "
+                    f"{run['latency_max_ms']:.0f} ms, cold starts {run['cold_start_s']}",
+                    flush=True,
+                )
+                results["runs"].append(run)
+    text = json.dumps(strict(results), indent=1, allow_nan=False)
+    (RESULTS / "faas_wide.json").write_text(text)
+
+
+if __name__ == "__main__":
+    main()
