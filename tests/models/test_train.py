@@ -138,3 +138,39 @@ def test_cli_flags_hit_the_model_bounds(
     assert main([*argv, "--no-progress", *flags]) == 2
     assert re.search(r"^error: " + message, capsys.readouterr().err, re.M)
     assert not (tmp_path / "c").exists()
+
+
+def test_a_model_no_better_than_the_majority_class_is_warned(tmp_path: Path, caplog) -> None:
+    """Features and edges of pure noise: nothing to learn, so val accuracy cannot beat
+    always answering the commonest class; a learnable graph gets no warning."""
+    rng = np.random.default_rng(0)
+    n = 600
+    labels = (rng.random(n) < 0.8).astype(np.int64)  # 80% class 1
+    masks = {k: np.zeros(n, dtype=bool) for k in ("train_mask", "val_mask", "test_mask")}
+    for i, k in enumerate(masks):
+        masks[k][i::3] = True
+    x = rng.normal(size=(n, 8)).astype(np.float32)
+    edges = rng.integers(0, n, size=(2, 3000))
+    edges = edges[:, edges[0] != edges[1]]
+    data = GraphData("noise", n, edges, x, labels, **masks)
+    write_store(data, tmp_path / "noise")
+    config = ModelConfig("gcn", in_dim=8, hidden_dim=8, out_dim=2, num_layers=2)
+    with caplog.at_level("WARNING", logger="gnnserve.models.train"):
+        report = train(tmp_path / "noise", config, epochs=2, fanouts=[2, 2], batch_size=64,
+                       lr=0.01, seed=0, out_dir=tmp_path / "c", progress=False)  # fmt: skip
+    val = np.flatnonzero(masks["val_mask"])
+    assert report.majority_val_acc == np.bincount(labels[val]).max() / val.size
+    m = np.bincount(labels[val]).max() / val.size
+    chance = 2 * (m * (1 - m) / val.size) ** 0.5  # two binomial standard errors
+    assert report.val_acc is not None and report.val_acc <= report.majority_val_acc + chance
+    assert any("does not beat" in r.message for r in caplog.records)
+    assert load_checkpoint(tmp_path / "c").meta["majority_val_acc"] == report.majority_val_acc
+
+
+def test_a_learning_model_is_not_warned(sbm_store: Path, tmp_path: Path, caplog) -> None:
+    with caplog.at_level("WARNING", logger="gnnserve.models.train"):
+        report = train(sbm_store, _config("sage"), epochs=3, fanouts=[5, 5], batch_size=128,
+                       lr=0.01, seed=0, out_dir=tmp_path / "c", progress=False)  # fmt: skip
+    assert report.val_acc is not None and report.majority_val_acc is not None
+    assert report.val_acc > report.majority_val_acc
+    assert not any("does not beat" in r.message for r in caplog.records)

@@ -44,6 +44,8 @@ class TrainReport:
     val_acc: float | None  # validation accuracy of the kept weights
     test_acc: float | None  # test accuracy of the kept weights
     epoch_val_acc: list[float] = field(default_factory=list)  # per epoch
+    majority_val_acc: float | None = None  # accuracy of always answering the commonest class
+    val_size: int = 0  # validation nodes
     epoch_loss: list[float] = field(default_factory=list)  # mean training loss per epoch
     seconds: float = 0.0  # wall time of the whole run
     checkpoint: str = ""  # directory written
@@ -234,11 +236,15 @@ def train(
         f"best epoch {report.best_epoch}: val acc {_fmt(report.val_acc)}, "
         f"test acc {_fmt(report.test_acc)}"
     )
+    report.majority_val_acc = _majority_acc(data, "val")
+    report.val_size = int(data.splits.get("val", np.empty(0)).size)
+    _warn_if_no_better_than_majority(report)
     report.seconds = time.perf_counter() - start
     meta = {
         "store_checksum": data.checksum,
         "store_dir": str(Path(store_dir).resolve()),
         "val_acc": report.val_acc,
+        "majority_val_acc": report.majority_val_acc,
         "test_acc": report.test_acc,
         "fanouts": fanouts,
         "eval_fanouts": eval_sampler.fanouts,
@@ -262,6 +268,34 @@ def _split_acc(
     if ids is None or ids.size == 0:
         return None
     return evaluate(model, data, ids, sampler, max(batch_size, 1024))
+
+
+def _majority_acc(data: _Data, split: str) -> float | None:
+    """Accuracy on ``split`` of always answering its most common label (None: no such split)."""
+    ids = data.splits.get(split)
+    if ids is None or ids.size == 0:
+        return None
+    counts = torch.bincount(data.labels[torch.from_numpy(ids)])
+    return float(counts.max()) / ids.size
+
+
+def _warn_if_no_better_than_majority(report: TrainReport) -> None:
+    """Log a warning when the kept weights do not beat the majority-class answer on val by
+    more than two binomial standard errors (the best epoch is picked on val, so luck alone
+    lifts it a little above the majority)."""
+    m = report.majority_val_acc
+    if report.val_acc is None or m is None or report.val_size == 0:
+        return
+    margin = 2.0 * (m * (1.0 - m) / report.val_size) ** 0.5
+    if report.val_acc <= m + margin:
+        log.warning(
+            "validation accuracy %.4f does not beat always answering the commonest class "
+            "(%.4f) by more than chance (%.4f): the model has learned nothing useful to serve; "
+            "train longer (--epochs), change --lr, or check that the features carry signal",
+            report.val_acc,
+            m,
+            margin,
+        )
 
 
 def _printer(progress: bool) -> Callable[[str], None]:
