@@ -8,7 +8,9 @@ fanouts -1,-1: every neighbour of two hops) answers the same requests: one seed 
 quantiles 5%..100% (deterministic), after one warm-up request. A third arm downloads the store
 at start (``--fetch full``, blocks) for the rule of thumb in the README. Recorded per request:
 seed, its degree, input rows, latency and feature-read time.
-Results: bench/results/faas_wide.json. Run: ``.venv/bin/python bench/faas_wide.py``.
+A request that fails (the store read's 30 s deadline: HTTP 504) is recorded with its error
+kind; p50/max are over the answered ones. Results: bench/results/faas_wide.json.
+Run: ``.venv/bin/python bench/faas_wide.py``.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from gnnserve.data.publish import publish
 from gnnserve.data.seaweed import ObjectStoreServer
 from gnnserve.deploy.faas.function import FunctionSpec
 from gnnserve.deploy.faas.service import FaaSService
+from gnnserve.errors import GnnServeError
 from gnnserve.models.checkpoint import save_checkpoint
 from gnnserve.models.zoo import GNN, ModelConfig
 
@@ -54,7 +57,19 @@ def measure(spec: FunctionSpec, arm: str, seeds: np.ndarray, degrees: np.ndarray
         service.predict(np.array([int(seeds[0])], dtype=np.int64), rng_seed=0, timeout_s=600)
         for seed, degree in zip(seeds.tolist(), degrees.tolist(), strict=True):
             start = time.perf_counter()
-            result = service.predict(np.array([seed]), rng_seed=0, timeout_s=600)
+            try:
+                result = service.predict(np.array([seed]), rng_seed=0, timeout_s=600)
+            except GnnServeError as exc:  # e.g. the store read's 30 s deadline: recorded
+                failed = {
+                    "seed": seed,
+                    "degree": degree,
+                    "error": exc.kind,
+                    "http": exc.http_status,
+                }
+                failed["latency_ms"] = (time.perf_counter() - start) * 1e3
+                records.append(failed)
+                print(f"[wide] {arm}: {failed}", flush=True)
+                continue
             records.append(
                 {
                     "seed": seed,
@@ -69,11 +84,12 @@ def measure(spec: FunctionSpec, arm: str, seeds: np.ndarray, degrees: np.ndarray
         cold = service.summary()["cold_start_s"]
     finally:
         service.shutdown()
-    latencies = [r["latency_ms"] for r in records]
+    latencies = [r["latency_ms"] for r in records if "error" not in r]
     return {
         "arm": arm,
         "cold_start_s": cold,
         "requests": records,
+        "errors": sum("error" in r for r in records),
         "latency_p50_ms": float(np.median(latencies)),
         "latency_max_ms": float(np.max(latencies)),
     }
