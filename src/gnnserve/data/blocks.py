@@ -2,9 +2,9 @@
 
 Object stores do not all read a byte range at the cost of the range. SeaweedFS (the store the
 project runs) keeps an object above its chunk size as several chunks and reads a whole chunk from
-the volume server for every range GET (seaweedfs/seaweedfs#7491, #7056). Measured on the 2-core
-dev VM, 200 random 18.9 KB ranges: 9 ms each from a 424 MB object, 2.5-3 ms from a 16 MB one,
-0.4-0.7 ms from objects of 256 KB-8 MB (``bench`` notes in the closing note of issue 25).
+the volume server for every range GET (seaweedfs/seaweedfs#7491, #7056). On the 2-core dev VM,
+200 random 18.9 KB rows cost 7.5 ms per range from one 424 MB object and 1.05 ms from 1 MiB
+blocks (``bench/faas_wide.py``, median of 3 rounds).
 
 So ``publish`` writes every data file larger than ``block_bytes`` as the objects
 ``<name>.blocks/<i>`` (block i holds bytes ``[i * block_bytes, (i + 1) * block_bytes)``) and lists
@@ -26,7 +26,7 @@ from gnnserve.errors import StoreFormatError
 __all__ = ["DEFAULT_BLOCK_BYTES", "MANIFEST", "BlockManifest", "block_name", "split_ranges"]
 
 MANIFEST = "blocks.json"
-DEFAULT_BLOCK_BYTES = 1 << 20  # 1 MiB: the fastest of 256 KB-8 MB measured above, few objects
+DEFAULT_BLOCK_BYTES = 1 << 20  # 1 MiB: among the fastest of 256 KB-8 MB tried ad hoc, few objects
 
 
 def block_name(name: str, index: int) -> str:
