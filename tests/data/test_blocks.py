@@ -16,7 +16,7 @@ from gnnserve.data import layout
 from gnnserve.data.blobs import BlobStore, open_blobs
 from gnnserve.data.blocks import MANIFEST, BlockManifest, block_name, split_ranges
 from gnnserve.data.publish import publish
-from gnnserve.errors import StoreFormatError
+from gnnserve.errors import StoreFormatError, StoreTimeoutError
 from gnnserve.features.remote import RemoteFeatures
 
 BLOCK = 4096
@@ -106,3 +106,10 @@ def test_blocks_on_seaweedfs_one_get_per_piece(object_store: Any, small_store: P
     _check_blocked(blobs, small_store)
     sent = blobs.stats.requests + 1  # + the manifest, read once
     assert object_store.requests("GET") - gets == sent
+    blobs.deadline_s = 1e-4  # type: ignore[attr-defined]  # range reads only, seconds
+    expected = (small_store / layout.FEATURES).read_bytes()
+    assert blobs.get(layout.FEATURES) == expected  # a download block by block has no deadline
+    with pytest.raises(StoreTimeoutError):
+        blobs.get_ranges(
+            layout.FEATURES, np.arange(0, 30 * BLOCK, BLOCK), np.arange(1, 30 * BLOCK, BLOCK)
+        )

@@ -74,9 +74,10 @@ class BlobStore(abc.ABC):
     def _get_optional(self, name: str) -> bytes | None:
         """The whole object, or None when there is none of that name."""
 
-    def _get_many(self, requests: list[tuple[str, int, int]]) -> list[bytes]:
+    def _get_many(self, requests: list[tuple[str, int, int]], bulk: bool = False) -> list[bytes]:
         """Bytes ``[lo, hi)`` of object ``name`` for each non-empty ``(name, lo, hi)``, one
-        request each (backends that can issue them all at once override this)."""
+        request each (backends that can issue them all at once override this). ``bulk``: a
+        whole-object download, which no per-call request deadline cuts short."""
         out: list[bytes] = [b""] * len(requests)
         by_name: dict[str, list[int]] = {}
         for i, (name, _, _) in enumerate(requests):
@@ -137,7 +138,7 @@ class BlobStore(abc.ABC):
                 (block_name(name, i), 0, min(step, size - i * step))
                 for i in range(manifest.blocks(name))
             ]
-            parts = self._get_many(blocks)
+            parts = self._get_many(blocks, bulk=True)
             self._check_lengths(name, blocks, parts)
             data = b"".join(parts)
             self.stats.add(len(parts), len(data))

@@ -12,9 +12,9 @@ Settings come from ``options`` (``endpoint``, ``access_key_id``, ``secret_access
 ``AWS_SECRET_ACCESS_KEY``, ``AWS_REGION``, default us-east-1); an ``http://`` endpoint is allowed
 and path-style addressing is used. Failed requests are retried 3 times within 20 s (obstore's
 default, 10 times within 3 minutes, would hang a request on a dead endpoint). One call's
-requests share a deadline, :attr:`S3BlobStore.deadline_s` (default :data:`DEADLINE_S`); a call
-that runs past it, or a request the HTTP client timed out, raises StoreTimeoutError (HTTP 504),
-not a format error.
+range requests share a deadline, :attr:`S3BlobStore.deadline_s` (default :data:`DEADLINE_S`;
+whole-object downloads, block by block included, have none); a call that runs past it, or a
+request the HTTP client timed out, raises StoreTimeoutError (HTTP 504), not a format error.
 """
 
 from __future__ import annotations
@@ -131,10 +131,11 @@ class S3BlobStore(BlobStore):
         except Exception as exc:  # noqa: BLE001 - obstore raises many kinds; see _fail
             self._fail(exc, name)
 
-    def _run(self, coro: Coroutine[Any, Any, T], name: str) -> T:
-        """Run ``coro`` on the event-loop thread and wait for it, with typed errors."""
+    def _run(self, coro: Coroutine[Any, Any, T], name: str, deadline: bool = True) -> T:
+        """Run ``coro`` on the event-loop thread and wait for it (at most ``deadline_s`` when
+        ``deadline``), with typed errors."""
         try:
-            timed = asyncio.wait_for(coro, self.deadline_s)
+            timed = asyncio.wait_for(coro, self.deadline_s if deadline else None)
             return asyncio.run_coroutine_threadsafe(timed, _event_loop()).result()
         except Exception as exc:  # noqa: BLE001 - see _fail
             self._fail(exc, name)
@@ -153,8 +154,9 @@ class S3BlobStore(BlobStore):
         except Exception as exc:  # noqa: BLE001 - see _fail
             self._fail(exc, name)
 
-    def _gather(self, requests: list[tuple[str, int, int]]) -> list[bytes]:
-        """Range GETs ``(key, lo, hi)``, at most MAX_IN_FLIGHT at a time, within the deadline."""
+    def _gather(self, requests: list[tuple[str, int, int]], deadline: bool = True) -> list[bytes]:
+        """Range GETs ``(key, lo, hi)``, at most MAX_IN_FLIGHT at a time (within the deadline
+        when ``deadline``)."""
 
         async def gather() -> list[Any]:
             gate = asyncio.Semaphore(MAX_IN_FLIGHT)
@@ -167,10 +169,11 @@ class S3BlobStore(BlobStore):
 
         if not requests:
             return []
-        return [bytes(p) for p in self._run(gather(), requests[0][0])]
+        return [bytes(p) for p in self._run(gather(), requests[0][0], deadline)]
 
-    def _get_many(self, requests: list[tuple[str, int, int]]) -> list[bytes]:
-        return self._gather([(self._key(name), lo, hi) for name, lo, hi in requests])
+    def _get_many(self, requests: list[tuple[str, int, int]], bulk: bool = False) -> list[bytes]:
+        keyed = [(self._key(name), lo, hi) for name, lo, hi in requests]
+        return self._gather(keyed, deadline=not bulk)
 
     def _get_ranges(self, name: str, starts: list[int], ends: list[int]) -> list[bytes]:
         key = self._key(name)
