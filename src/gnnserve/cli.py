@@ -337,7 +337,11 @@ def _module_arguments(module: str) -> Callable[[argparse.ArgumentParser], None]:
     return configure
 
 
-def _with(add: Callable[[argparse.ArgumentParser], None], func: Callable[..., object]) -> Any:
+def _with(
+    add: Callable[[argparse.ArgumentParser], None], func: Callable[..., object]
+) -> Callable[[argparse.ArgumentParser], None]:
+    """A configurer that declares ``add``'s arguments and runs ``func``."""
+
     def configure(p: argparse.ArgumentParser) -> None:
         add(p)
         p.set_defaults(func=func)

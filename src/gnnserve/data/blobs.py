@@ -172,12 +172,7 @@ class BlobStore(abc.ABC):
     ) -> list[bytes]:
         """``get_ranges`` of a blocked object: each range cut at block boundaries, every piece
         fetched at once, the pieces of a range joined in order."""
-        size = manifest.objects[name]
-        if int(hi.max()) > size:
-            raise StoreFormatError(
-                f"{self.url}: range end {int(hi.max())} past the end of {name!r} ({size} bytes)",
-                "remote",
-            )
+        self._check_end(name, int(hi.max()), manifest.objects[name])
         wanted = np.flatnonzero(hi > lo)
         block, b_lo, b_hi, owner = split_ranges(lo[wanted], hi[wanted], manifest.block_bytes)
         pieces = [
@@ -196,6 +191,14 @@ class BlobStore(abc.ABC):
         for k, i in enumerate(wanted.tolist()):
             out[i] = b"".join(parts[starts[k] : starts[k + 1]])
         return out
+
+    def _check_end(self, name: str, end: int, size: int) -> None:
+        """StoreFormatError when a range ending at byte ``end`` runs past object ``name`` of
+        ``size`` bytes."""
+        if end > size:
+            raise StoreFormatError(
+                f"{self.url}: range end {end} past the end of {name!r} ({size} bytes)", "remote"
+            )
 
     def _check_lengths(
         self, name: str, pieces: list[tuple[str, int, int]], parts: list[bytes]
@@ -240,12 +243,8 @@ class LocalBlobStore(BlobStore):
         return path.read_bytes() if path.is_file() else None
 
     def _get_ranges(self, name: str, starts: list[int], ends: list[int]) -> list[bytes]:
-        size = self._size(name)
-        if ends and max(ends) > size:
-            raise StoreFormatError(
-                f"{self.url}: range end {max(ends)} past the end of {name!r} ({size} bytes)",
-                "remote",
-            )
+        if ends:
+            self._check_end(name, max(ends), self._size(name))
         fd = os.open(self._path(name), os.O_RDONLY)
         try:
             return [os.pread(fd, hi - lo, lo) for lo, hi in zip(starts, ends, strict=True)]

@@ -23,10 +23,22 @@ import numpy as np
 
 from gnnserve.errors import StoreFormatError
 
-__all__ = ["DEFAULT_BLOCK_BYTES", "MANIFEST", "BlockManifest", "block_name", "split_ranges"]
+__all__ = [
+    "DEFAULT_BLOCK_BYTES",
+    "MANIFEST",
+    "BlockManifest",
+    "block_count",
+    "block_name",
+    "split_ranges",
+]
 
 MANIFEST = "blocks.json"
 DEFAULT_BLOCK_BYTES = 1 << 20  # 1 MiB: among the fastest of 256 KB-8 MB tried ad hoc, few objects
+
+
+def block_count(size: int, block_bytes: int) -> int:
+    """Blocks of ``block_bytes`` that hold ``size`` bytes (the last one may be short)."""
+    return -(-size // block_bytes)
 
 
 def block_name(name: str, index: int) -> str:
@@ -43,7 +55,7 @@ class BlockManifest:
 
     def blocks(self, name: str) -> int:
         """How many blocks object ``name`` has."""
-        return -(-self.objects[name] // self.block_bytes)
+        return block_count(self.objects[name], self.block_bytes)
 
     def to_json(self) -> bytes:
         """The manifest object's bytes."""

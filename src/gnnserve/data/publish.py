@@ -27,7 +27,13 @@ import numpy as np
 
 from gnnserve.data import layout
 from gnnserve.data.blobs import BlobStore, open_blobs
-from gnnserve.data.blocks import DEFAULT_BLOCK_BYTES, MANIFEST, BlockManifest, block_name
+from gnnserve.data.blocks import (
+    DEFAULT_BLOCK_BYTES,
+    MANIFEST,
+    BlockManifest,
+    block_count,
+    block_name,
+)
 from gnnserve.errors import InvalidInputError, StoreFormatError
 from gnnserve.urls import local_path
 
@@ -108,7 +114,7 @@ def publish(
         size = path.stat().st_size
         whole = block_bytes == 0 or size <= block_bytes
         if progress:
-            how = "" if whole else f" as {-(-size // block_bytes)} blocks"
+            how = "" if whole else f" as {block_count(size, block_bytes)} blocks"
             log.info("[%d] uploading %s (%.1f MB)%s to %s", i, path.name, size / 1e6, how, to_url)
         files.append(path.name)
         if whole:
@@ -149,7 +155,7 @@ def publish(
 def _put_blocks(blobs: BlobStore, path: Path, block_bytes: int) -> dict[str, int]:
     """Upload file ``path`` as block objects of ``block_bytes``; their names and sizes."""
     size = path.stat().st_size
-    names = [block_name(path.name, i) for i in range(-(-size // block_bytes))]
+    names = [block_name(path.name, i) for i in range(block_count(size, block_bytes))]
 
     def put(index: int) -> int:
         with path.open("rb") as f:

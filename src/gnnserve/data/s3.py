@@ -181,23 +181,14 @@ class S3BlobStore(BlobStore):
         try:
             fetched = iter(self._gather(wanted))
         except StoreFormatError:
-            self._check_end(name, ends)  # a 416 for a range past the end: say so plainly
+            self._check_end(name, max(ends), self._size(name))  # a 416 past the end: say so
             raise
         pairs = list(zip(starts, ends, strict=True))
         parts = [next(fetched) if hi > lo else b"" for lo, hi in pairs]
         if any(len(p) != hi - lo for p, (lo, hi) in zip(parts, pairs, strict=True)):
-            self._check_end(name, ends)  # S3 returns a short body for a range past the end
+            self._check_end(name, max(ends), self._size(name))  # S3: a short body past the end
             raise StoreFormatError(f"{self.url}: short read of {name!r}", "remote")
         return parts
-
-    def _check_end(self, name: str, ends: list[int]) -> None:
-        """StoreFormatError when a range ends past object ``name``."""
-        size = self._size(name)
-        if max(ends) > size:
-            raise StoreFormatError(
-                f"{self.url}: range end {max(ends)} past the end of {name!r} ({size} bytes)",
-                "remote",
-            )
 
     def put(self, name: str, data: bytes | memoryview) -> None:
         self._call(obstore.put, name, data)
