@@ -175,7 +175,7 @@ def run_serve(args: argparse.Namespace) -> int:
     engine = build_engine(config)
     app = create_app(engine, s.model_name, api_keys=keys)
     print(
-        f"gnnserve: serving {config.model_path} on {config.store.path} "
+        f"gnnserve: serving {config.model_path} on {config.store.path or config.deploy.remote} "
         f"at http://{s.host}:{s.port} as model {s.model_name!r}"
         f"{' with API keys' if keys is not None else ''}",
         flush=True,

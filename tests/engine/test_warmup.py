@@ -27,20 +27,12 @@ from tests.engine.test_engine import _Gate
 # compiled or loaded from disk before start-up.
 _SERVE_AND_RECORD = r"""
 import json, sys, threading, time
-import httpx, numba, uvicorn
+import httpx, uvicorn
+from gnnserve.compiled import compiled_signatures as signatures
 from gnnserve.config import ServeConfig
 from gnnserve.demo import free_port
 from gnnserve.engine.loader import build_engine
 from gnnserve.server.app import create_app
-
-def signatures():
-    out = {}
-    for name, module in list(sys.modules.items()):
-        if name.startswith("gnnserve."):
-            for attr, value in list(vars(module).items()):
-                if isinstance(value, numba.core.dispatcher.Dispatcher):
-                    out[f"{name}.{attr}"] = sorted(str(s) for s in value.signatures)
-    return out
 
 results = []
 for settings, requests in json.loads(sys.argv[1]):

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -47,3 +50,21 @@ def test_finite_rows_are_shaped(kind, rows, want) -> None:
 def test_without_node_ids_the_rows_are_named() -> None:
     with pytest.raises(NonFiniteOutputError, match=r"node\(s\) \[1\]"):
         ModelRunner.shape_output(OutputKind.PROBS, LOGITS, EMBEDDING, np.array([0, 1]))
+
+
+def test_read_only_rows_are_shaped_without_a_warning() -> None:
+    """Rows that arrive read-only (a Ray object's buffer) raise no torch warning: run where
+    every warning is an error, in a fresh process (torch warns about such arrays once)."""
+    script = (
+        "import numpy as np, torch\n"
+        "from gnnserve.models.runner import ModelRunner\n"
+        "from gnnserve.types import OutputKind\n"
+        "rows = np.array([1, 0]); rows.flags.writeable = False\n"
+        "out = ModelRunner.shape_output(OutputKind.LABEL, torch.eye(2), torch.eye(2), rows)\n"
+        "print(out.tolist())\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-W", "error", "-c", script], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "[1, 0]"

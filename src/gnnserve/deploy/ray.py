@@ -33,9 +33,29 @@ def start_ray(num_cpus: int) -> bool:
             ray.init(configure_logging=False)
             log.info("joined the Ray cluster at %s", os.environ["RAY_ADDRESS"])
             return True  # our connection: shutting it down leaves the cluster running
+        _quiet_token_auth_notice()
         ray.init(num_cpus=num_cpus, include_dashboard=False, configure_logging=False)
     log.info("started a local Ray instance with %d logical CPUs", num_cpus)
     return True
+
+
+class _DropNotice(logging.Filter):
+    """Drops log records whose message starts with ``prefix``."""
+
+    def __init__(self, prefix: str) -> None:
+        super().__init__()
+        self.prefix = prefix
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(self.prefix)
+
+
+def _quiet_token_auth_notice() -> None:
+    """Ray turns token authentication on for a new local cluster (its default, kept) and warns
+    that it did on every start, which a server's log need not repeat: drop that one notice."""
+    logger = logging.getLogger("ray._private.authentication.authentication_token_setup")
+    if not any(isinstance(f, _DropNotice) for f in logger.filters):
+        logger.addFilter(_DropNotice("Token authentication is enabled for this Ray cluster"))
 
 
 @contextmanager

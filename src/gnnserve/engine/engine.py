@@ -28,7 +28,7 @@ from gnnserve.engine.delay import Backlog
 from gnnserve.engine.executor import EXECUTORS, ExecutionContext, Executor
 from gnnserve.engine.planner import Planner, serving_profile
 from gnnserve.engine.requests import RequestLimits, request_fields, validate_request
-from gnnserve.engine.warmup import warm_up_engine
+from gnnserve.engine.warmup import log_warm_up, warm_up_engine
 from gnnserve.errors import GnnServeError, ReadOnlyStoreError, ShuttingDownError
 from gnnserve.features.base import FeatureStore
 from gnnserve.graph.base import GraphStore
@@ -180,6 +180,7 @@ class Engine:
             for step, ms in self.executor.warm_up().items():
                 spent[f"{self.executor.name} {step}"] = ms
                 spent["total"] += ms
+            log_warm_up(spent, self)
             return spent
         finally:
             self._warm.set()

@@ -76,6 +76,8 @@ class Executor(ABC):
     """Runs admitted batches of existing-node requests, and new-node requests."""
 
     name: ClassVar[str]  # the EXECUTORS name, also ServeConfig.deploy.mode
+    # logged at start-up when neither this process nor the executor had anything to warm up
+    cold_start_note: ClassVar[str] = "requests run elsewhere"
 
     def __init__(self, context: ExecutionContext) -> None:
         self.context = context

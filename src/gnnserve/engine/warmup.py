@@ -49,7 +49,8 @@ T = TypeVar("T")
 
 
 def warm_up_engine(engine: Engine) -> dict[str, float]:
-    """Run each path of a default-fanout request once; returns ms per step and ``total``."""
+    """Run each path of a default-fanout request once; returns ms per step and ``total``
+    (:func:`log_warm_up` reports them)."""
     spent: dict[str, float] = {}
     start = time.perf_counter()
     if engine.graph.num_nodes > 0 and engine.graph.local:  # remote: the executor warms up
@@ -60,14 +61,23 @@ def warm_up_engine(engine: Engine) -> dict[str, float]:
     if engine.updates is not None:
         _timed(spent, "updates", lambda: _updates(engine))
     spent["total"] = (time.perf_counter() - start) * 1e3
-    steps = ", ".join(f"{k} {v:.0f} ms" for k, v in spent.items() if k != "total")
-    log.info(
-        "request path warmed up in %.0f ms (%s; fanouts %s)",
-        spent["total"],
-        steps or "empty graph",
-        list(engine.planner.default),
-    )
     return spent
+
+
+def log_warm_up(spent: dict[str, float], engine: Engine) -> None:
+    """Log what the warm-up ran (ms per step), or why it ran nothing in this process."""
+    steps = ", ".join(f"{k} {v:.0f} ms" for k, v in spent.items() if k != "total")
+    if steps:
+        log.info(
+            "request path warmed up in %.0f ms (%s; fanouts %s)",
+            spent["total"],
+            steps,
+            list(engine.planner.default),
+        )
+    elif engine.graph.num_nodes == 0:
+        log.info("nothing to warm up: the graph has no nodes yet")
+    else:
+        log.info("nothing to warm up in this process: %s", engine.executor.cold_start_note)
 
 
 def _updates(engine: Engine) -> None:

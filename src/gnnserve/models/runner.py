@@ -39,7 +39,9 @@ class ModelRunner:
         (default: ``rows``), named by the NonFiniteOutputError raised when a row the output is
         computed from holds NaN or inf (argmax over NaN would answer a label silently).
         """
-        index = torch.from_numpy(rows)
+        # rows read from a Ray object (faas, dgs) are read-only views of its buffer: torch would
+        # warn on every such request; they are a request's few rows, so copy those
+        index = torch.from_numpy(rows if rows.flags.writeable else rows.copy())
         source = embedding if kind is OutputKind.EMBEDDING else logits
         picked = source.index_select(0, index)
         if not _all_finite(picked):

@@ -90,11 +90,11 @@ class DGSExecutor(LocalExecutor):
         return self.service.sample(batch.seeds)
 
     def warm_up(self) -> dict[str, float]:
-        """One DGS look-up of a node (the workers' first call)."""
+        """DGS look-ups on every serving worker and across them (``DGSService.warm_up``)."""
         if self.service is None or self.service.num_nodes == 0:
             return {}
         start = time.perf_counter()
-        self.service.sample(np.zeros(1, dtype=np.int64))
+        self.service.warm_up()
         return {"sample": (time.perf_counter() - start) * 1e3}
 
     def describe(self) -> dict[str, object]:

@@ -282,6 +282,22 @@ class DGSService:
             return parts[0][1]  # type: ignore[no-any-return]
         return merge_samples(seeds, [sg for _, sg in parts], self.hop_query, self._fans)
 
+    def warm_up(self) -> None:
+        """Answer one sample on every serving worker alone and one across all of them (the
+        merge), so that no request after this compiles a kernel."""
+        queries = np.flatnonzero(self.is_query)
+        if queries.size == 0:
+            return
+        owner = self.serving.owner(queries)
+        firsts = np.array([queries[owner == w][0] for w in np.unique(owner)], dtype=np.int64)
+        for seed in firsts:
+            self.sample(firsts[firsts == seed])
+        self.sample(np.concatenate([firsts, firsts]))  # duplicates, several workers: merged
+
+    def compiled(self) -> list[dict[str, list[str]]]:
+        """Per serving worker, the numba signatures its process holds."""
+        return ray.get([s.compiled.remote() for s in self._servers])  # type: ignore[no-any-return]
+
     def _check_seeds(self, seeds: np.ndarray) -> np.ndarray:
         """Seeds as int64, non-empty, each a query vertex of this service."""
         seeds = check_node_ids(seeds, self.num_nodes, "seeds")

@@ -17,6 +17,7 @@ import os
 
 import numpy as np
 
+from gnnserve.compiled import compiled_signatures
 from gnnserve.deploy.dgs.subscriptions import Push
 from gnnserve.sampling import presample_kernels as pk
 from gnnserve.sampling.presample import to_subgraph
@@ -155,3 +156,7 @@ class ServingWorker:
     def contents(self) -> np.ndarray:
         """The cached reservoirs (``ServingCache.contents``)."""
         return self.cache.contents()
+
+    def compiled(self) -> dict[str, list[str]]:
+        """The numba signatures this worker's process holds (``gnnserve.compiled``)."""
+        return compiled_signatures()

@@ -34,6 +34,10 @@ class FaaSExecutor(Executor):
     """Runs batches on serverless function instances (Ray actors) behind the gateway."""
 
     name = "faas"
+    cold_start_note = (
+        "function instances start cold on the first request that finds none warm "
+        "(a cold start, as on a FaaS platform; kept warm --keep-alive-s after their last request)"
+    )
 
     def __init__(self, context: ExecutionContext) -> None:
         super().__init__(context)
