@@ -447,3 +447,13 @@ def test_only_the_command_given_is_configured() -> None:
     with pytest.raises(SystemExit):  # another command's arguments were never declared
         parser.parse_args(["publish", "--store", "s", "--to", "t"])
     assert set(COMMANDS) == set(build_parser()._subparsers._group_actions[0].choices)  # type: ignore[union-attr]
+
+
+def test_deploy_help_names_every_registered_mode(capsys) -> None:
+    from gnnserve.engine.executor import EXECUTORS
+
+    with pytest.raises(SystemExit):
+        main(["serve", "--help"])
+    flat = " ".join(capsys.readouterr().out.split())
+    listed = flat[flat.index("--deploy DEPLOY") :].split("[deploy.mode")[0]
+    assert all(f" {name} " in listed.replace("|", " ") for name in EXECUTORS.names())

@@ -460,6 +460,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s %(message)s"
     )
+    if not args.verbose:  # libraries that log their own set-up at INFO ("NumExpr defaulting ...")
+        logging.getLogger("numexpr").setLevel(logging.WARNING)
     try:
         return int(args.func(args) or 0)
     except GnnServeError as exc:

@@ -220,7 +220,10 @@ class DeployConfig(_Strict):
 
     mode: str = Field(
         "local",
-        description="EXECUTORS name: local | dgs | cgp (or one a deployment package registered)",
+        description=(
+            "EXECUTORS name: local | dgs | cgp | faas | fog (or one a deployment package "
+            "registered)"
+        ),
     )
     workers: int = Field(
         2, ge=1, le=64, description="dgs: sampling and serving workers each; cgp: workers"
@@ -237,8 +240,13 @@ class DeployConfig(_Strict):
         0, ge=0, le=1 << 20, description="faas: sample instance capacity in MB (0: no limit)"
     )
     keep_alive_s: float = Field(600.0, gt=0, description="faas: idle seconds before scale-down")
-    scheduler: str = Field("load_aware", description="faas: load_aware | naive")
-    fetch: str = Field("ondemand", description="faas: ondemand | full (download at cold start)")
+    scheduler: Literal["load_aware", "naive"] = Field(
+        "load_aware", description="faas: instance scheduling (naive: no load balancing)"
+    )
+    fetch: Literal["ondemand", "full"] = Field(
+        "ondemand",
+        description="faas: read feature rows on demand | download the whole store at cold start",
+    )
     cache: bool = Field(True, description="faas: adaptive feature cache in inference instances")
     max_instances: int | None = Field(None, ge=1, le=1024, description="faas: per function")
     launch: Literal["process", "fork"] = Field(
@@ -251,7 +259,12 @@ class DeployConfig(_Strict):
         description="faas: instance memory per CPU of quota (AWS Lambda: 1769; 0: no quota)",
     )
     nodes: str = Field("", description="fog: YAML of the nodes (name, cores, link, fog_link)")
-    fog_mode: str = Field("fograph", description="fog: fograph | strawman | cloud")
+    fog_mode: Literal["fograph", "strawman", "cloud"] = Field(
+        "fograph",
+        description="fog: fograph (planned parts, compressed uploads, adaptive scheduler) | "
+        "strawman (METIS parts placed at random, raw uploads) | cloud (one server collects "
+        "every reading)",
+    )
 
 
 class ServeConfig(_Strict):

@@ -30,6 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar, Protocol
 
+from gnnserve.errors import InvalidInputError
 from gnnserve.registry import Registry
 
 if TYPE_CHECKING:
@@ -45,7 +46,14 @@ if TYPE_CHECKING:
     from gnnserve.newnodes.result import NewNodeResult, RunOptions
     from gnnserve.types import NewNodes
 
-__all__ = ["EXECUTORS", "BatchSource", "ExecutionContext", "Executor", "register_lazy"]
+__all__ = [
+    "EXECUTORS",
+    "BatchSource",
+    "ExecutionContext",
+    "Executor",
+    "check_deploy",
+    "register_lazy",
+]
 
 
 class BatchSource(Protocol):
@@ -90,6 +98,11 @@ class Executor(ABC):
     def stop(self, timeout_s: float = 30.0) -> None:
         """Answer every batch already pulled, then release threads and workers."""
 
+    @classmethod  # noqa: B027 - an optional hook, not abstract
+    def check_config(cls, config: ServeConfig) -> None:
+        """Refuse (InvalidInputError naming the field) a configuration this executor cannot
+        serve, before anything is loaded; default: every configuration."""
+
     def warm_up(self) -> dict[str, float]:
         """Run what this executor adds to the local path once (ms per step); default none."""
         return {}
@@ -109,6 +122,9 @@ class Executor(ABC):
 EXECUTORS: Registry[Executor] = Registry("deploy.mode")
 
 
+_LAZY: dict[str, tuple[str, str]] = {}  # name -> (module, class) of register_lazy
+
+
 def register_lazy(name: str, module: str, cls: str) -> None:
     """Register executor ``name`` as class ``cls`` of ``module``, imported on first use (the
     deployment packages sit above the engine and pull in Ray)."""
@@ -118,6 +134,20 @@ def register_lazy(name: str, module: str, cls: str) -> None:
         return executor_cls(context)  # type: ignore[no-any-return]
 
     EXECUTORS.register(name)(create)
+    _LAZY[name] = (module, cls)
+
+
+def check_deploy(config: ServeConfig) -> None:
+    """Refuse an unknown ``deploy.mode``, or a configuration its executor cannot serve
+    (``Executor.check_config``), before the store and model are loaded."""
+    mode = config.deploy.mode
+    if mode not in EXECUTORS.names():
+        raise InvalidInputError(
+            f"unknown deploy mode {mode!r}; choose one of {EXECUTORS.names()}", "deploy.mode"
+        )
+    if mode in _LAZY:
+        module, cls = _LAZY[mode]
+        getattr(importlib.import_module(module), cls).check_config(config)
 
 
 register_lazy("local", "gnnserve.engine.local", "LocalExecutor")

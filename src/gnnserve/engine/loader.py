@@ -17,6 +17,7 @@ from gnnserve.dynamic.store import DynamicStore
 from gnnserve.embeddings.base import EmbeddingStore
 from gnnserve.embeddings.stores import default_embeddings_dir, open_embeddings
 from gnnserve.engine.engine import Engine
+from gnnserve.engine.executor import check_deploy
 from gnnserve.engine.placement import TierRefresher, parse_tiers, place
 from gnnserve.errors import (
     GnnServeError,
@@ -42,6 +43,7 @@ log = logging.getLogger(__name__)
 
 def build_engine(config: ServeConfig) -> Engine:
     """Open ``config.store`` and ``config.model_path`` and wire them into an (unstarted) Engine."""
+    check_deploy(config)  # a deploy mode that will refuse does so before anything loads
     if config.deploy.mode == "faas" or config.deploy.remote:
         return build_gateway_engine(config)
     if not config.store.path:

@@ -51,18 +51,21 @@ def test_cgp_answers_equal_local(pe_store: Path, small_ckpt: Path) -> None:
         assert metric(cgp, "gnnserve_deploy_cgp_requests") == 2  # the srpe requests only
 
 
-def test_cgp_refuses_a_changing_graph(
-    pe_store: Path, small_ckpt: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+def test_cgp_refuses_a_changing_graph_before_loading(
+    small_ckpt: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    argv = ["serve", "--store", str(pe_store), "--model", str(small_ckpt), "--deploy", "cgp"]
+    """Refused before the store is opened: the store given does not even exist."""
+    absent = str(tmp_path / "no-store")
+    argv = ["serve", "--store", absent, "--model", str(small_ckpt), "--deploy", "cgp"]
     assert main([*argv, "--update-log", str(tmp_path / "u.log")]) == 2
     assert "static graph" in capsys.readouterr().err
 
 
-def test_unknown_deploy_mode_is_refused(
-    small_store: Path, small_ckpt: Path, capsys: pytest.CaptureFixture[str]
+def test_unknown_deploy_mode_is_refused_before_loading(
+    small_ckpt: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    argv = ["serve", "--store", str(small_store), "--model", str(small_ckpt), "--deploy", "fog2"]
+    absent = str(tmp_path / "no-store")
+    argv = ["serve", "--store", absent, "--model", str(small_ckpt), "--deploy", "fog2"]
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert "fog2" in err and "cgp" in err and "dgs" in err

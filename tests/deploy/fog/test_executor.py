@@ -51,10 +51,12 @@ def test_fog_answers_equal_full_neighbourhood_inference(
         assert metric(fog, "gnnserve_deploy_fog_node_weak_mu") > 0
 
 
-def test_bad_fog_set_ups_are_refused(
-    small_store: Path, small_ckpt: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+def test_bad_fog_set_ups_are_refused_before_loading(
+    small_ckpt: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    argv = ["serve", "--store", str(small_store), "--model", str(small_ckpt), "--deploy", "fog"]
+    """Refused before the store is opened: the store given does not even exist."""
+    absent = str(tmp_path / "no-store")
+    argv = ["serve", "--store", absent, "--model", str(small_ckpt), "--deploy", "fog"]
     assert main(argv) == 2
     assert "--nodes" in capsys.readouterr().err
     nodes = tmp_path / "nodes.yaml"

@@ -22,6 +22,7 @@ import time
 import numpy as np
 import torch
 
+from gnnserve.config import ServeConfig
 from gnnserve.deploy.cgp.service import CGPService
 from gnnserve.engine.executor import BatchSource, ExecutionContext
 from gnnserve.engine.local import LocalExecutor
@@ -38,13 +39,18 @@ class CGPExecutor(LocalExecutor):
 
     name = "cgp"
 
-    def __init__(self, context: ExecutionContext) -> None:
-        if context.updates is not None:
+    @classmethod
+    def check_config(cls, config: ServeConfig) -> None:
+        """Refuse an update log: the workers hold a copy of the graph taken at start-up."""
+        if config.store.update_log:
             raise InvalidInputError(
                 "deploy mode cgp serves a static graph (its workers hold a copy taken at "
                 "start-up): serve without an update log, or use deploy mode local or dgs",
                 "deploy.mode",
             )
+
+    def __init__(self, context: ExecutionContext) -> None:
+        self.check_config(context.config)
         super().__init__(context)
         self.service: CGPService | None = None
         self._lock = threading.Lock()

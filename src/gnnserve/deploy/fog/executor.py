@@ -18,6 +18,7 @@ import time
 import numpy as np
 import torch
 
+from gnnserve.config import ServeConfig
 from gnnserve.deploy.fog.nodes import load_nodes
 from gnnserve.deploy.fog.service import FogService, RoundReport
 from gnnserve.engine.batcher import Batch
@@ -35,17 +36,23 @@ class FogExecutor(Executor):
 
     name = "fog"
 
-    def __init__(self, context: ExecutionContext) -> None:
-        if context.updates is not None:
+    @classmethod
+    def check_config(cls, config: ServeConfig) -> None:
+        """Refuse an update log and a missing or bad nodes file."""
+        if config.store.update_log:
             raise InvalidInputError(
                 "deploy mode fog serves a fixed sensor graph (its nodes hold partitions taken "
                 "at start-up): serve without an update log",
                 "deploy.mode",
             )
-        if not context.config.deploy.nodes:
+        if not config.deploy.nodes:
             raise InvalidInputError(
                 "deploy mode fog needs --nodes (a YAML file of the fog nodes)", "deploy.nodes"
             )
+        load_nodes(config.deploy.nodes)
+
+    def __init__(self, context: ExecutionContext) -> None:
+        self.check_config(context.config)
         super().__init__(context)
         self.nodes = load_nodes(context.config.deploy.nodes)
         self.service: FogService | None = None
