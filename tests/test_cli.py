@@ -203,6 +203,7 @@ SERVE_FLAG_VALUES = [
     ("--mb-per-cpu", "0", "deploy.mb_per_cpu", 0.0),
     ("--nodes", "nodes.yaml", "deploy.nodes", "nodes.yaml"),
     ("--fog-mode", "strawman", "deploy.fog_mode", "strawman"),
+    ("--fog-codec", "lossless", "deploy.fog_codec", "lossless"),
 ]
 
 

@@ -77,6 +77,7 @@ SERVE_FLAGS: tuple[tuple[str, str], ...] = (
     ("--mb-per-cpu", "deploy.mb_per_cpu"),
     ("--nodes", "deploy.nodes"),
     ("--fog-mode", "deploy.fog_mode"),
+    ("--fog-codec", "deploy.fog_codec"),
 )
 
 

@@ -259,6 +259,12 @@ class DeployConfig(_Strict):
         description="faas: instance memory per CPU of quota (AWS Lambda: 1769; 0: no quota)",
     )
     nodes: str = Field("", description="fog: YAML of the nodes (name, cores, link, fog_link)")
+    fog_codec: Literal["auto", "lossless", "daq"] = Field(
+        "auto",
+        description="fog: fograph upload codec: lossless (float32 + LZ4, exact) | daq (degree-"
+        "aware 8/16/32-bit rows + LZ4, smaller, rounds readings) | auto (lossless when every "
+        "reading is an integer, else daq)",
+    )
     fog_mode: Literal["fograph", "strawman", "cloud"] = Field(
         "fograph",
         description="fog: fograph (planned parts, compressed uploads, adaptive scheduler) | "

@@ -33,7 +33,7 @@ def test_fog_answers_equal_full_neighbourhood_inference(
 ) -> None:
     nodes = tmp_path / "nodes.yaml"
     nodes.write_text(NODES)
-    fog_flags = ["--deploy", "fog", "--nodes", str(nodes), "--fog-mode", "strawman"]
+    fog_flags = ["--deploy", "fog", "--nodes", str(nodes), "--fog-codec", "lossless"]
     with (
         served(small_store, small_ckpt, "--fanouts=-1,-1") as local,
         served(small_store, small_ckpt, *fog_flags) as fog,
@@ -45,8 +45,10 @@ def test_fog_answers_equal_full_neighbourhood_inference(
         r = httpx.post(f"{fog}/v1/predict", json={"nodes": [1], "fanouts": [2, 2]}, timeout=30)
         assert r.status_code == 400 and r.json()["error"]["field"] == "fanouts"
         assert "full-graph inference" in r.json()["error"]["message"]
-        assert metric(fog, "gnnserve_deploy_fog_rounds") == 2  # the refused batch ran none
-        assert metric(fog, "gnnserve_deploy_fog_compression_ratio") < 1.0  # raw + headers
+        every = {"fanouts": [-1, -1]}  # exactly what a round computes: accepted
+        np.testing.assert_allclose(_probs(fog, asked, **every), _probs(local, asked), atol=1e-5)
+        assert metric(fog, "gnnserve_deploy_fog_rounds") == 3  # the refused batch ran none
+        assert metric(fog, "gnnserve_deploy_fog_slow_rounds") >= 0
         assert metric(fog, "gnnserve_deploy_fog_plan_version") >= 1
         assert metric(fog, "gnnserve_deploy_fog_node_weak_mu") > 0
 
@@ -88,3 +90,13 @@ def test_nodes_file_errors_name_what_is_wrong(tmp_path: Path) -> None:
         assert info.value.field == "deploy.nodes"
     with pytest.raises(InvalidInputError, match="cannot read"):
         load_nodes(tmp_path / "missing.yaml")
+
+
+def test_auto_codec_is_lossless_for_integer_readings_only() -> None:
+    from gnnserve.deploy.fog.executor import upload_codec
+
+    counts = np.array([[0.0, 1.0, 2.0], [3.0, -4.0, 0.0]], np.float32)
+    assert upload_codec("auto", counts) == "lossless"
+    assert upload_codec("auto", counts + np.float32(0.5)) == "daq"
+    assert upload_codec("daq", counts) == "daq"  # asked for: kept
+    assert upload_codec("lossless", counts + np.float32(0.5)) == "lossless"

@@ -118,3 +118,44 @@ def test_fograph_answers_on_the_decoded_uploads_before_and_after_a_migration(
                 first = before[report.decision.moved]
         assert first is not None, "the scheduler never reacted to a node slowed 20x"
         assert (first == 2).mean() > 0.5  # its first move takes vertices off the slowed node
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_lossless_uploads_are_exact_and_a_slow_round_is_warned_once(
+    graph, ray_cluster, caplog
+) -> None:  # type: ignore[no-untyped-def]
+    """Readings of 0/1/2 (counts): DAQ's 8-bit rows would round them, lossless uploads
+    (float32 + LZ4) give plain inference on the readings themselves, in fewer bytes than raw.
+    A round at 3x the start-up plan's prediction is warned about, once per plan."""
+    rng = np.random.default_rng(4)
+    x = rng.integers(0, 3, (N, F)).astype(np.float32)
+    model = _model()
+    with FogService(model, graph, x, NODES, "fograph", codec="lossless") as svc:
+        assert svc.bits is not None and (svc.bits == 32).all()
+        assert svc.placement.predicted_round_ms is not None
+        with caplog.at_level("WARNING", logger="gnnserve.deploy.fog.service"):
+            report = svc.round(x)
+            np.testing.assert_allclose(report.logits, _reference(model, graph, x), atol=1e-5)
+            assert report.bytes_uploaded < report.raw_bytes
+            assert svc.slow_rounds == 0 or report.latency_ms >= 3 * svc.placement.predicted_round_ms
+            svc.placement.predicted_round_ms = report.latency_ms / 100  # a plan far too hopeful
+            slow = svc.slow_rounds
+            svc.round(x)
+            svc.round(x)
+        assert svc.slow_rounds == slow + 2
+        warned = [r for r in caplog.records if "the start-up plan predicted" in r.getMessage()]
+        assert len(warned) <= 1 + (svc.version != 0)  # once per plan version
+        assert warned
+    daq = _received_with_daq(graph, x)
+    assert np.abs(daq - x).max() > 1e-3  # what lossless avoids: DAQ rounds these readings
+
+
+def _received_with_daq(graph: GraphStore, x: np.ndarray) -> np.ndarray:
+    """``x`` after a DAQ upload with fograph's default widths for this graph's degrees."""
+    from gnnserve.deploy.fog.service import FLOAT32_DAQ_BITS, _upload_bits
+
+    bits = _upload_bits(np.diff(graph.csr()[0]), "fograph", "daq", FLOAT32_DAQ_BITS)
+    assert bits is not None and (bits == 8).any()
+    blob = encode_chunk(0, 0, 1, 0, x, bits)
+    return unpack(blob[HEADER.size :])

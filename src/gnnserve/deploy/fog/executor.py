@@ -68,13 +68,18 @@ class FogExecutor(Executor):
         ctx = self.context
         started = time.perf_counter()
         readings = ctx.features.get_valid(np.arange(ctx.graph.num_nodes)).numpy()
+        mode, codec = (
+            ctx.config.deploy.fog_mode,
+            upload_codec(ctx.config.deploy.fog_codec, readings),
+        )
         self.service = FogService(
-            ctx.runner.model, ctx.graph, readings, self.nodes, ctx.config.deploy.fog_mode
+            ctx.runner.model, ctx.graph, readings, self.nodes, mode, codec=codec
         )
         log.info(
-            "fog: %d nodes (%s) ready in %.1f s",
+            "fog: %d nodes (%s%s) ready in %.1f s",
             len(self.nodes),
-            ctx.config.deploy.fog_mode,
+            mode,
+            f", {codec} uploads" if mode == "fograph" else ", raw uploads",
             time.perf_counter() - started,
         )
         self._source = batches
@@ -98,11 +103,14 @@ class FogExecutor(Executor):
     def _round(self, batch: Batch) -> RoundReport:
         """One round for ``batch`` (InvalidInputError for per-request fanouts)."""
         assert self.service is not None
-        check_default_fanouts(
-            batch,
-            self.context.planner.default,
-            "the fog deployment: it answers with full-graph inference",
-        )
+        layers = self.context.runner.model.config.num_layers
+        if batch.fanouts != (-1,) * layers:  # every neighbour, every layer: what a round computes
+            check_default_fanouts(
+                batch,
+                self.context.planner.default,
+                "the fog deployment: it answers with full-graph inference (fanouts "
+                f"{[-1] * layers}, or none)",
+            )
         batch.graph_version = self.context.graph.version
         report = self.service.round()
         self.last, self.rounds = report, self.rounds + 1
@@ -140,6 +148,8 @@ class FogExecutor(Executor):
         """Rounds, bytes uploaded and their compression, plan version, per-node time and mu."""
         about: dict[str, object] = {"deploy": self.name, "fog_rounds": self.rounds}
         about["fog_bytes_uploaded"] = self.bytes_uploaded
+        if self.service is not None:
+            about["fog_slow_rounds"] = self.service.slow_rounds
         if self.bytes_uploaded:
             about["fog_compression_ratio"] = self.raw_bytes / self.bytes_uploaded
         last = self.last
@@ -158,3 +168,11 @@ class FogExecutor(Executor):
         if self.service is not None and self.service.mode == "cloud":
             return ["cloud"]
         return [n.name for n in self.nodes]
+
+
+def upload_codec(setting: str, readings: np.ndarray) -> str:
+    """The fograph upload codec for ``deploy.fog_codec``: ``auto`` is lossless when every
+    reading is integer-valued (counts, states: DAQ's 8-bit rows would round them), else DAQ."""
+    if setting != "auto":
+        return setting
+    return "lossless" if bool(np.all(readings == np.round(readings))) else "daq"

@@ -45,6 +45,7 @@ class FogPlacement:
         self.layers, self.assign, self.weighted, self.seed = layers, assign, weighted_parts, seed
         self.specs: list[FogSpec] = []
         self.vertex_ms = np.empty(0)  # each node's compute ms per vertex
+        self.predicted_round_ms: float | None = None  # the start-up plan's round time (Eq. 8)
 
     def profile(
         self,
@@ -111,6 +112,7 @@ class FogPlacement:
     def initial(self) -> np.ndarray:
         """Algorithm 1 on the profiled nodes: the membership (fog of each vertex)."""
         placed = self._plan()
+        self.predicted_round_ms = placed.bottleneck_ms
         predicted = np.round(placed.predicted_ms, 1).tolist()
         log.info("fog plan (%s): predicted %s ms", self.assign, predicted)
         return placed.membership

@@ -47,6 +47,8 @@ from gnnserve.models.zoo import GNN
 
 log = logging.getLogger(__name__)
 MODES = ("fograph", "strawman", "cloud")
+CODECS = ("daq", "lossless")  # fograph uploads: DAQ + LZ4, or every row float32 + LZ4 (exact)
+SLOW_ROUND = 3.0  # a round this many times the plan's prediction is logged as a warning
 FLOAT32_DAQ_BITS = (32, 32, 16, 8)  # Fograph's <64,32,16,8> with full precision = float32
 
 
@@ -99,9 +101,12 @@ class FogService:
         adaptive: bool | None = None,
         tag: int = 0,
         weighted_parts: bool = True,
+        codec: str = "daq",
     ) -> None:
         if mode not in MODES:
             raise InvalidInputError(f"mode must be one of {MODES}, got {mode!r}", "mode")
+        if codec not in CODECS:
+            raise InvalidInputError(f"codec must be one of {CODECS}, got {codec!r}", "codec")
         if not nodes or any(n.link not in PRESETS for n in nodes):
             raise InvalidInputError(f"nodes need a link from {sorted(PRESETS)}", "nodes")
         if any(n.fog_link not in FOG_LINKS for n in nodes):
@@ -123,12 +128,8 @@ class FogService:
         self.quotas_on = testbed and support.cpu_quota is None and mode != "cloud"
         if testbed and not (self.shaped and (self.quotas_on or mode == "cloud")):
             log.warning("testbed incomplete: %s", support)
-        degrees = np.diff(self.indptr)
-        self.bits = (
-            bits_per_vertex(degrees, DaqConfig.for_degrees(degrees, daq_bits))
-            if mode == "fograph"
-            else None
-        )
+        self.bits = _upload_bits(np.diff(self.indptr), mode, codec, daq_bits)
+        self._warned_plan = -1  # plan version of the last slow-round warning
         self.placement = FogPlacement(
             self.indptr,
             self.indices,
@@ -140,6 +141,7 @@ class FogService:
             seed,
         )
         self.version, self._round = 0, 0
+        self.slow_rounds = 0  # rounds that took SLOW_ROUND x the prediction or more
         self._over = np.zeros(len(nodes), bool)  # fogs past the slack in the last round
         self.fleet: DeviceFleet | None = None
         # contiguous blocks until the plan (the profile runs the same subgraphs on every node)
@@ -247,6 +249,7 @@ class FogService:
         if readings is not None:
             self.features[:] = readings
         report = self._collect_and_run()
+        self._check_prediction(report.latency_ms)
         if self.adaptive:
             report.decision = self._adapt(report)
         return report
@@ -269,6 +272,23 @@ class FogService:
             result.plan_version,
             result.embedding,
         )
+
+    def _check_prediction(self, latency_ms: float) -> None:
+        """Warn (once per plan) when a round takes ``SLOW_ROUND`` x the plan's prediction."""
+        predicted = None if self.mode == "cloud" else self.placement.predicted_round_ms
+        if predicted is None or latency_ms < SLOW_ROUND * predicted:
+            return
+        self.slow_rounds += 1
+        if self._warned_plan != self.version:
+            self._warned_plan = self.version
+            log.warning(
+                "fog round took %.0f ms, %.1fx the %.0f ms the start-up plan predicted: the "
+                "nodes or links are slower than profiled (background load, a weaker link)%s",
+                latency_ms,
+                latency_ms / predicted,
+                predicted,
+                "; the scheduler adapts" if self.adaptive else "",
+            )
 
     def _adapt(self, report: RoundReport) -> Decision:
         """Algorithm 2 on this round's compute times; a changed placement is installed before
@@ -331,3 +351,15 @@ class FogService:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _upload_bits(
+    degrees: np.ndarray, mode: str, codec: str, daq_bits: tuple[int, int, int, int]
+) -> np.ndarray | None:
+    """Per-vertex upload widths of ``mode``: None (raw float32) outside fograph; DAQ's
+    degree-aware widths, or 32 bits for every row (lossless: LZ4 alone) in fograph."""
+    if mode != "fograph":
+        return None
+    if codec == "lossless":
+        return np.full(degrees.size, 32, dtype=np.uint8)
+    return bits_per_vertex(degrees, DaqConfig.for_degrees(degrees, daq_bits))
