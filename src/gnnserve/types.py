@@ -47,7 +47,9 @@ class RequestOptions:
     mode: str | None = None  # new nodes only: srpe | full | ns | pe; None = the server's
     gamma: float | None = None  # new nodes, mode srpe: share of candidates recomputed, [0, 1]
     policy: str | None = None  # new nodes, mode srpe: which candidates are recomputed
-    seed: int = 0  # new nodes: draws of mode ns and of the random policy
+    # the draws: of mode ns and the random policy for new nodes (0 when not given); of the
+    # sampler for existing nodes (None: fresh draws on every request)
+    seed: int | None = None
     timeout_ms: float | None = None  # the client's deadline, ms after admission; None: server's
 
 

@@ -45,6 +45,7 @@ class Batch:
     seeds: np.ndarray  # int64: the tickets' node ids concatenated (duplicates kept)
     formed_s: float  # perf_counter() when the batch closed
     fanouts: tuple[int, ...] | None = None  # every ticket's fanouts (None = default)
+    rng_seed: int | None = None  # every ticket's sampling seed (None: fresh draws)
     graph_version: str = ""  # version the batch reads, pinned from sampling until fetched
     subgraph: SampledSubgraph | None = None  # set by the sample stage
     minibatch: MiniBatch | None = None  # set by the fetch stage
@@ -163,6 +164,7 @@ class Batcher:
         if first is None:
             return None
         tickets, fanouts = [first], first.request.options.fanouts
+        rng_seed = first.request.options.seed
         size, cost = first.nodes.size, self._cost(first)
         max_cost = self.config.max_batch_cost or float("inf")
         close_at = time.perf_counter() + self.config.max_wait_ms / 1e3
@@ -176,6 +178,7 @@ class Batcher:
                 size + ticket.nodes.size > self.config.max_batch_nodes
                 or cost + extra > max_cost
                 or ticket.request.options.fanouts != fanouts  # one sampler per batch
+                or ticket.request.options.seed != rng_seed  # and one key of draws
             ):
                 self._carry = ticket
                 break
@@ -183,7 +186,7 @@ class Batcher:
             size += ticket.nodes.size
             cost += extra
         seeds = np.concatenate([t.nodes for t in tickets])
-        batch = Batch(tickets, seeds, time.perf_counter(), fanouts=fanouts)
+        batch = Batch(tickets, seeds, time.perf_counter(), fanouts=fanouts, rng_seed=rng_seed)
         if self.backlog is not None:
             batch.token = self.backlog.started(int(seeds.size), len(tickets), batch.formed_s)
         return batch

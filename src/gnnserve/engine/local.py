@@ -86,7 +86,10 @@ class LocalExecutor(Executor):
     def sample(self, batch: Batch) -> SampledSubgraph:
         """The computation graph of ``batch`` (subclasses route it elsewhere). Its seeds were
         validated at admission: not checked again."""
-        return self.context.planner.sampler_for(batch.fanouts).sample_valid(batch.seeds)
+        planner = self.context.planner
+        if batch.rng_seed is None:
+            return planner.sampler_for(batch.fanouts).sample_valid(batch.seeds)
+        return planner.on_demand_for(batch.fanouts).sample_valid(batch.seeds, batch.rng_seed)
 
     # stages --------------------------------------------------------------------------------
     def _sample_loop(

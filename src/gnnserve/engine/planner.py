@@ -98,6 +98,12 @@ class Planner:
         fanouts = fanouts or self.default
         if self.presampler is not None and fanouts == self.default:
             return self.presampler
+        return self.on_demand_for(fanouts)
+
+    def on_demand_for(self, fanouts: Fanouts | None) -> NeighborSampler:
+        """The on-demand sampler of ``fanouts`` (None = the default), also where a pre-sampler
+        serves them: a request's own seed keys its draws (the reservoirs take none)."""
+        fanouts = fanouts or self.default
         with self._lock:
             sampler = self._samplers.get(fanouts)
             if sampler is None:

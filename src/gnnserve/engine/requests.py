@@ -9,7 +9,9 @@ and new-node inference trust the request. Library entry points that take raw inp
 
 Fields: ``nodes`` (existing node ids) or ``new_nodes`` (features and edges), exactly one;
 ``output``; ``fanouts`` (:func:`gnnserve.fanouts.check_fanouts`, one per model layer); new nodes
-only: ``mode``, ``gamma``, ``policy``, ``seed`` (the server's defaults filled in); ``timeout_ms``.
+only: ``mode``, ``gamma``, ``policy`` (the server's defaults filled in); ``seed`` (new nodes:
+mode ns and the random policy, default 0; existing nodes: the sampler's draws, so the same seed
+gives the same answer; unset: fresh draws); ``timeout_ms``.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ __all__ = [
 ]
 
 MAX_TIMEOUT_MS = 86_400_000.0  # one day
-NEW_NODE_ONLY = ("mode", "gamma", "policy", "seed")  # options an existing-node request refuses
+NEW_NODE_ONLY = ("mode", "gamma", "policy")  # options an existing-node request refuses
 NEW_NODE_KEYS = ("features", "edges", "new_edges")  # fields of ``new_nodes``
 
 
@@ -189,11 +191,12 @@ def validate_request(
         options = _new_node_options(output, fanouts, mode, gamma, policy, seed, timeout, limits)
         request = Request(new=check_new_nodes_input(new_nodes, limits), options=options)
     else:
-        check_new_node_only(mode=mode, gamma=gamma, policy=policy, seed=seed)
+        check_new_node_only(mode=mode, gamma=gamma, policy=policy)
         checked = check_request_fanouts(fanouts, limits.num_layers)
         kind = check_output(output)
         ids = check_nodes(nodes, limits.graph, limits.max_nodes)
-        options = RequestOptions(kind, checked, timeout_ms=timeout)
+        draws = None if seed is None else check_seed(seed)
+        options = RequestOptions(kind, checked, seed=draws, timeout_ms=timeout)
         request = Request(nodes=ids, options=options)
     object.__setattr__(request, "checked_by", limits)  # frozen: the one place it is set
     return request
@@ -225,9 +228,8 @@ def _new_node_options(
 
 def request_fields(request: Request) -> dict[str, object]:
     """The fields of ``request`` as :func:`validate_request` takes them (to check a Request
-    built without it). A default seed (0) of an existing-node request counts as not given."""
+    built without it)."""
     o = request.options
-    new = request.new is not None
     return {
         "nodes": request.nodes,
         "new_nodes": request.new,
@@ -236,6 +238,6 @@ def request_fields(request: Request) -> dict[str, object]:
         "mode": o.mode,
         "gamma": o.gamma,
         "policy": o.policy,
-        "seed": o.seed if new or o.seed != 0 else None,
+        "seed": o.seed,
         "timeout_ms": o.timeout_ms,
     }

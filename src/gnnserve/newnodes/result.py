@@ -134,4 +134,4 @@ def run_options(options: RequestOptions) -> tuple[str, RunOptions]:
     o = options
     if o.mode is None or o.gamma is None or o.policy is None or o.fanouts is None:
         raise ValueError(f"new-node options not validated at admission: {o}")
-    return o.mode, RunOptions(o.gamma, o.policy, o.fanouts, o.seed)
+    return o.mode, RunOptions(o.gamma, o.policy, o.fanouts, o.seed or 0)

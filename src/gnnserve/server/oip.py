@@ -4,7 +4,8 @@ Inference takes either the INT64 ``node_ids`` input (existing nodes) or new node
 ``new_node_features`` (FP32 [m, F]), ``new_node_edges`` (INT64 [E, 2]: new node index, existing
 node id) and optionally ``new_node_new_edges`` (INT64 [E2, 2]); the request ``parameters`` may
 set ``mode``, ``gamma``, ``policy``, ``seed`` and ``fanouts`` of a new-node request, and
-``fanouts`` of a ``node_ids`` request (any other parameter is refused, 400 naming ``parameters``).
+``fanouts`` and ``seed`` of a ``node_ids`` request (any other parameter is refused, 400 naming
+``parameters``).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ EDGES_INPUT = "new_node_edges"
 NEW_EDGES_INPUT = "new_node_new_edges"
 NEW_NODE_INPUTS = (FEATURES_INPUT, EDGES_INPUT, NEW_EDGES_INPUT)
 NEW_NODE_PARAMETERS = ("mode", "gamma", "policy", "seed", "fanouts")
-NODE_IDS_PARAMETERS = ("fanouts",)  # per-hop fanouts of a node_ids request, as in /v1/predict
+NODE_IDS_PARAMETERS = ("fanouts", "seed")  # of a node_ids request, as in /v1/predict
 # engine error fields -> the OIP input that carried the value
 _FIELDS = {
     "new_nodes.features": FEATURES_INPUT,
@@ -119,11 +120,15 @@ def _new_node_inputs(body: InferRequest) -> dict[str, np.ndarray | None] | None:
 async def _infer_node_ids(
     engine: Engine, nodes: list[int], wanted: list[str], body: InferRequest
 ) -> list[Result]:
-    """One engine run per wanted output; ``parameters`` may set ``fanouts`` (as /v1/predict)."""
+    """One engine run per wanted output; ``parameters`` may set ``fanouts`` and ``seed`` (as
+    /v1/predict)."""
     params = body.parameters or {}
     _check_parameters(params, NODE_IDS_PARAMETERS, f"an {INPUT_NAME!r} request")
     try:
-        requests = [engine.request(nodes, output=w, fanouts=params.get("fanouts")) for w in wanted]
+        requests = [
+            engine.request(nodes, output=w, fanouts=params.get("fanouts"), seed=params.get("seed"))
+            for w in wanted
+        ]
         return list(await asyncio.gather(*(engine.asubmit(r) for r in requests)))
     except InvalidInputError as exc:
         if exc.field == "nodes":  # the engine's name for the ids: the OIP input is node_ids

@@ -70,8 +70,10 @@ class PredictRequest(BaseModel):
     )
     seed: StrictInt | None = Field(
         None,
-        description="new_nodes only: seed of mode ns and of the random policy (default 0), a "
-        "64-bit integer in [-2^63, 2^64): a negative seed draws as its two's complement",
+        description="the draws, a 64-bit integer in [-2^63, 2^64) (a negative seed draws as "
+        "its two's complement). nodes: the sampler's draws, so the same seed gives the same "
+        "answer on every deploy mode that samples (unset: fresh draws each request); "
+        "new_nodes: mode ns and the random policy (default 0)",
     )
 
 

@@ -39,6 +39,8 @@ def test_dgs_answers_equal_local_presample_before_and_after_updates(
     ):
         np.testing.assert_array_equal(_probs(dgs, NODES), _probs(local, NODES))
         assert metric(dgs, "gnnserve_deploy_dgs_batches") >= 1  # sampled by the DGS workers
+        seeded = _probs(local, NODES, seed=3)  # a request's own seed: the same draws on both
+        np.testing.assert_allclose(_probs(dgs, NODES, seed=3), seeded, rtol=0, atol=1e-6)
         # edges into the requested nodes change their reservoirs on both sides
         ops: list[dict[str, object]] = [{"op": "add_edge", "src": s, "dst": 7} for s in (1, 2, 3)]
         ops += [{"op": "add_edge", "src": 9, "dst": 123}]

@@ -19,8 +19,8 @@ FANOUTS = ["--fanouts=-1,-1"]
 NODES = [0, 7, 7, 123, 1999, 42, 500]
 
 
-def _probs(base: str, nodes: list[int]) -> np.ndarray:
-    body = predict(base, {"nodes": nodes, "output": "probs"})
+def _probs(base: str, nodes: list[int], **extra: object) -> np.ndarray:
+    body = predict(base, {"nodes": nodes, "output": "probs", **extra})
     return np.asarray(body["predictions"], dtype=np.float64)
 
 
@@ -47,6 +47,22 @@ def test_faas_answers_equal_local_and_report_metrics(
         assert r.status_code == 400 and "fanouts" in r.json()["error"]["message"]
         r = httpx.post(f"{faas}/v1/predict", json={"nodes": [2000]}, timeout=30)
         assert r.status_code == 400  # out of range, refused at the gateway
+
+
+def test_faas_answers_a_seeded_request_as_local_does(small_store: Path, small_ckpt: Path) -> None:
+    """Sampled fanouts: with a request's own seed the instances draw what the local sampler
+    draws (the on-demand sampler keys draws as it does), so the answers agree."""
+    sampled = ["--fanouts", "2,2"]
+    faas_flags = [*sampled, "--deploy", "faas", "--remote", small_store.as_uri(), "--launch"]
+    faas_flags += ["fork", "--memory-mb", "1500", "--sample-memory-mb", "1500"]
+    with (
+        served(small_store, small_ckpt, *sampled) as local,
+        served(small_store, small_ckpt, *faas_flags) as faas,
+    ):
+        for seed in (3, 4):
+            want = _probs(local, NODES, seed=seed)
+            np.testing.assert_allclose(_probs(faas, NODES, seed=seed), want, atol=1e-6)
+        assert not np.allclose(_probs(faas, NODES, seed=3), _probs(faas, NODES, seed=4))
 
 
 def test_faas_refuses_a_missing_remote_store(

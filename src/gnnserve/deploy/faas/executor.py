@@ -95,7 +95,7 @@ class FaaSExecutor(Executor):
                 self._finish(batch, error)
                 continue
             batch.graph_version = self.context.graph.version
-            future = self.service.submit(np.asarray(batch.seeds, dtype=np.int64))
+            future = self.service.submit(np.asarray(batch.seeds, dtype=np.int64), batch.rng_seed)
             with self._idle:
                 self._inflight.add(future)
             future.add_done_callback(partial(self._answer, batch))
