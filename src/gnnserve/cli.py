@@ -213,6 +213,7 @@ def _calibrate_arguments(p: argparse.ArgumentParser) -> None:
         help="path measured against inline: parallel | torch | cuda (default: cuda with a "
         "GPU, else parallel)",
     )
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
 def run_calibrate(args: argparse.Namespace) -> int:
@@ -227,7 +228,17 @@ def run_calibrate(args: argparse.Namespace) -> int:
             "--buckets must be at least 2, --runs, --max-seeds and --torch-threads at least 1",
             "calibrate",
         )
+    from tqdm import tqdm
+
+    from gnnserve.sampling.calibrate import describe_point
+
     fanouts = parse_fanouts(args.fanouts)
+    bar = tqdm(total=args.buckets, desc="calibrate", unit="bucket", disable=args.no_progress)
+
+    def progress(line: str) -> None:
+        bar.update(1)
+        tqdm.write(line)  # above the bar
+
     profile, path, png = calibrate(
         args.store,
         args.model,
@@ -238,11 +249,12 @@ def run_calibrate(args: argparse.Namespace) -> int:
         args.max_seeds,
         args.torch_threads,
         args.seed,
-        progress=lambda line: print(line, flush=True),
+        progress=progress,
         throughput=args.throughput_path,
     )
+    bar.close()
     for name, point in profile.points.items():
-        print(f"{name}: PSGS {point:.0f}")
+        print(describe_point(name, point, profile.path_a, profile.path_b))
     print(f"gnnserve: calibration profile {path}, plot {png}", flush=True)
     return 0
 
@@ -384,6 +396,7 @@ def _faas_arguments(p: argparse.ArgumentParser) -> None:
     )
     q.add_argument("--requests", type=int, default=200, help="requests to profile")
     q.add_argument("--seed", type=int, default=0)
+    q.add_argument("--no-progress", action="store_true", help="no progress bar")
     q.set_defaults(func=_lazy("gnnserve.deploy.faas.profile", "run"))
 
 

@@ -188,3 +188,19 @@ def test_calibration_against_the_torch_path(small_store: Path, small_ckpt: Path,
     with pytest.raises(InvalidInputError, match="must not be inline") as info:
         calibrate(small_store, small_ckpt, [5, 5], out, **{**kwargs, "throughput": "inline"})  # type: ignore[arg-type]
     assert info.value.field == "throughput"
+
+
+def test_describe_point_says_what_an_infinite_or_zero_point_means() -> None:
+    from gnnserve.sampling.calibrate import describe_point
+
+    never = describe_point("latency", math.inf, "inline", "parallel")
+    assert (
+        never.startswith("latency: PSGS inf (inline was faster")
+        and "every batch to inline" in never
+    )
+    always = describe_point("throughput", 0.0, "inline", "parallel")
+    assert always.startswith("throughput: PSGS 0 (parallel")
+    assert "every batch to parallel" in always
+    assert describe_point("latency", 1234.4, "inline", "cuda") == (
+        "latency: PSGS 1234 (batches of more summed PSGS go to cuda)"
+    )

@@ -56,6 +56,21 @@ POINTS: dict[str, tuple[Stat, Stat]] = {  # point name -> (statistic of A, stati
 }
 
 
+def describe_point(name: str, point: float, path_a: str, path_b: str) -> str:
+    """One line saying what crossover ``point`` (summed PSGS) of ``name`` means for routing."""
+    if math.isinf(point):
+        return (
+            f"{name}: PSGS inf ({path_a} was faster over the whole measured range: "
+            f"routing by this point sends every batch to {path_a})"
+        )
+    if point == 0:
+        return (
+            f"{name}: PSGS 0 ({path_b} was at least as fast everywhere: routing by this "
+            f"point sends every batch to {path_b})"
+        )
+    return f"{name}: PSGS {point:.0f} (batches of more summed PSGS go to {path_b})"
+
+
 class ProfileError(GnnServeError):
     """A calibration profile that is missing, unreadable or measured for something else."""
 

@@ -10,7 +10,7 @@ its relative error on the rest, for all of them and for peaks of at least 1 MB. 
 saved beside the model checkpoint with the fanouts it was profiled for; inference instances
 refuse one profiled for other fanouts. Requests are single query vertices drawn from
 ``queries`` (default: uniform over the graph) plus the highest in-degree vertices, so the
-largest requests are in range. Progress is logged every 25 requests.
+largest requests are in range. A progress bar counts the requests (``progress=False``: none).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from dataclasses import replace
 from typing import Any
 
 import numpy as np
+from tqdm import tqdm
 
 from gnnserve.deploy.faas.function import FunctionSpec, InferenceFunction, SampleFunction
 from gnnserve.graph.remote import RemoteCSR
@@ -35,7 +36,11 @@ BIG_PEAK = 1 << 20  # bytes: errors are reported separately above and below
 
 
 def profile_predictor(
-    spec: FunctionSpec, queries: np.ndarray | None = None, requests: int = 200, seed: int = 0
+    spec: FunctionSpec,
+    queries: np.ndarray | None = None,
+    requests: int = 200,
+    seed: int = 0,
+    progress: bool = True,
 ) -> dict[str, Any]:
     """Profile ``requests`` requests, fit, save beside ``spec.model``; returns the held-out
     errors, sizes and timings."""
@@ -45,13 +50,12 @@ def profile_predictor(
     inference = InferenceFunction(spec, predictor=False)
     seeds = _request_seeds(sampler.remote, queries, requests, seed)
     X, y = [], []
-    for i, v in enumerate(seeds):
+    bar = tqdm(seeds.tolist(), desc="profile", unit="request", disable=not progress)
+    for i, v in enumerate(bar):
         request = sampler.sample(np.array([v]), rng_seed=i)
         _, measured = inference._measured_run(request)
         X.append(request_features(request.subgraph))
         y.append(float(measured))
-        if (i + 1) % 25 == 0:
-            log.info("profiled %d/%d requests", i + 1, seeds.size)
     X_arr, y_arr = np.stack(X), np.asarray(y)
     order = np.random.default_rng(seed).permutation(len(y_arr))
     split = max(1, int(0.75 * len(y_arr)))
@@ -106,6 +110,6 @@ def run(args: argparse.Namespace) -> int:
 
     fanouts = parse_fanouts(args.fanouts, "--fanouts") or []
     spec = FunctionSpec(args.remote, args.model, tuple(fanouts))
-    report = profile_predictor(spec, None, args.requests, args.seed)
+    report = profile_predictor(spec, None, args.requests, args.seed, not args.no_progress)
     print(json.dumps(report, indent=2))
     return 0
