@@ -87,7 +87,11 @@ def test_ready_server_compiles_nothing_for_its_requests(
     plain = [{"nodes": [5]}, {"nodes": list(range(200))}, {"nodes": list(range(2000))}]
     kinds = [{"nodes": [7, 9], "output": o} for o in ("probs", "embedding")]
     new_node = {"new_nodes": {"features": [[0.5] * 16], "edges": [[0, 3], [0, 11]]}}
-    runs = [[static, [*plain, *kinds, new_node]], [{**base, "sampler.presample": True}, plain]]
+    modes = [{**new_node, "mode": m} for m in ("full", "ns", "pe")]  # beside the default srpe
+    policies = [{**new_node, "policy": p} for p in ("importance", "random")]
+    seeded = [{"nodes": [5], "seed": 3}, {"nodes": list(range(200)), "seed": 4}]
+    presampled = {**base, "sampler.presample": True}  # a seed bypasses its reservoirs
+    runs = [[static, [*plain, *kinds, new_node, *modes, *policies]], [presampled, plain + seeded]]
 
     first, second = _serve_cold(tmp_path, runs)
 

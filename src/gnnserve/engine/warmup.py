@@ -7,12 +7,14 @@ its first forward, and a static graph builds its GCN degree table on first use.
 :func:`warm_up_engine` runs every path a request for the configured default fanouts can take
 once, on the served graph's arrays, features and model, so that ``/v2/health/ready`` means warm:
 
-- sampling: the planner's sampler (the pre-sampler when configured); on demand, the inline
-  kernel, and hop by hop with serial and with parallel draws when a batch can be large enough
-  to go hop by hop (``max(max_batch_nodes, max_nodes_per_request)`` seeds);
+- sampling: the planner's sampler (the pre-sampler when configured); on demand (also beside the
+  pre-sampler: seeded requests sample on demand), the inline kernel, and hop by hop with serial
+  and with parallel draws when a batch can be large enough to go hop by hop
+  (``max(max_batch_nodes, max_nodes_per_request)`` seeds);
 - the feature gather (serial, and parallel when the graph has enough nodes), GCN degrees, the
   model's forward and the shaping of every output kind;
-- a one-node new-node request in the configured mode when precomputed embeddings are loaded;
+- a one-node new-node request in every mode (srpe with every policy but oracle, full, ns, pe)
+  when precomputed embeddings are loaded;
 - with an update log, the update path: the store's kernels (``dynamic.warmup``) and, with
   pre-sampling, the pre-sampler's (``sampling.warmup``), which run under the write lock.
 
@@ -126,15 +128,14 @@ def _seeds(engine: Engine) -> np.ndarray:
 def _sample_on_demand_paths(engine: Engine, seeds: np.ndarray) -> None:
     """Sample ``seeds`` on each on-demand path a default-fanout batch can take.
 
-    Nothing when the pre-sampler serves the default fanouts. Inline always; hop by hop (serial
-    draws for hops below the parallel threshold, parallel draws above it) only when the largest
-    batch's expected size reaches the served sampler's threshold. One private sampler, its
-    threshold set per path (the served one is shared with requests).
+    Also where the pre-sampler serves the default fanouts: a request with its own seed samples
+    on demand. Inline always; hop by hop (serial draws for hops below the parallel threshold,
+    parallel draws above it) only when the largest batch's expected size reaches the on-demand
+    sampler's threshold. One private sampler, its threshold set per path (the served one is
+    shared with requests).
     """
     planner = engine.planner
-    if planner.presampler is not None:
-        return
-    served = planner.sampler_for(None)
+    served = planner.on_demand_for(None)
     assert isinstance(served, NeighborSampler)
     sampler = NeighborSampler(engine.graph, list(planner.default), parallel_threshold=2**62)
     sampler.sample(seeds)  # inline
@@ -155,24 +156,48 @@ def _forward(engine: Engine, batch: MiniBatch) -> None:
         engine.runner.shape_output(kind, logits, embedding, rows)
 
 
+# (mode, policy) runs of the new-node warm-up: every mode a request may ask for, and SRPE with
+# every policy but ``oracle`` (evaluation only: it recomputes every candidate to rank them)
+_NEW_NODE_RUNS = (
+    ("srpe", "query_edges_ratio"),
+    ("srpe", "importance"),
+    ("srpe", "random"),
+    ("full", None),
+    ("ns", None),
+    ("pe", None),
+)
+
+
 def _new_nodes(engine: Engine) -> None:
-    """One new node with one edge, in the configured mode (skipped while the PEs are stale)."""
+    """One new node with one edge to a node of the lowest in-degree (a small full computation
+    graph), in every mode and SRPE policy (skipped while the PEs are stale)."""
     cfg, graph = engine.config.embeddings, engine.graph
     new = parse_new_nodes(
         np.zeros((1, engine.features.dim), np.float32),
-        np.array([[0, int(_seeds(engine)[0])]], np.int64),
+        np.array([[0, _quiet_node(engine)]], np.int64),
         num_nodes=graph.num_nodes,
         feature_dim=engine.features.dim,
         max_new_nodes=cfg.max_new_nodes,
     )
-    graph.acquire_read()
-    try:
-        out = engine.new_nodes.inference().run(new, cfg.mode, cfg.gamma, cfg.policy, None, 0)
-    except GnnServeError as exc:  # e.g. stale PEs: these requests are refused (409) anyway
-        log.info("new-node path not warmed up: %s", exc.message)
-        return
-    finally:
-        graph.release_read()
+    inference = engine.new_nodes.inference()
+    for mode, policy in _NEW_NODE_RUNS:
+        graph.acquire_read()
+        try:
+            out = inference.run(new, mode, cfg.gamma, policy or cfg.policy, None, 0)
+        except GnnServeError as exc:  # e.g. stale PEs: these requests are refused (409) anyway
+            log.info("new-node path not warmed up: %s", exc.message)
+            return
+        finally:
+            graph.release_read()
     rows = np.arange(1, dtype=np.int64)
     for kind in OutputKind:
         engine.runner.shape_output(kind, out.logits.cpu(), out.embedding.cpu(), rows)
+
+
+def _quiet_node(engine: Engine) -> int:
+    """A node with the fewest in-neighbours (at least one when any node has some)."""
+    degree = engine.graph.adjacency()[1][: engine.graph.num_nodes]
+    some = np.flatnonzero(degree > 0)
+    if some.size == 0:
+        return 0
+    return int(some[np.argmin(degree[some])])
