@@ -199,6 +199,7 @@ SERVE_FLAG_VALUES = [
     ("--fetch", "full", "deploy.fetch", "full"),
     ("--no-cache", None, "deploy.cache", False),
     ("--max-instances", "4", "deploy.max_instances", 4),
+    ("--min-instances", "1", "deploy.min_instances", 1),
     ("--launch", "fork", "deploy.launch", "fork"),
     ("--mb-per-cpu", "0", "deploy.mb_per_cpu", 0.0),
     ("--nodes", "nodes.yaml", "deploy.nodes", "nodes.yaml"),

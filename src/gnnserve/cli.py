@@ -73,6 +73,7 @@ SERVE_FLAGS: tuple[tuple[str, str], ...] = (
     ("--fetch", "deploy.fetch"),
     ("--no-cache", "deploy.cache"),
     ("--max-instances", "deploy.max_instances"),
+    ("--min-instances", "deploy.min_instances"),
     ("--launch", "deploy.launch"),
     ("--mb-per-cpu", "deploy.mb_per_cpu"),
     ("--nodes", "deploy.nodes"),

@@ -249,6 +249,13 @@ class DeployConfig(_Strict):
     )
     cache: bool = Field(True, description="faas: adaptive feature cache in inference instances")
     max_instances: int | None = Field(None, ge=1, le=1024, description="faas: per function")
+    min_instances: int = Field(
+        0,
+        ge=0,
+        le=1024,
+        description="faas: instances of each function kept warm from start-up, even with no "
+        "traffic (0: every instance starts cold on demand and scales to zero)",
+    )
     launch: Literal["process", "fork"] = Field(
         "process",
         description="faas: process (a new process per instance) | fork (from a warm template)",

@@ -65,6 +65,20 @@ def test_faas_answers_a_seeded_request_as_local_does(small_store: Path, small_ck
         assert not np.allclose(_probs(faas, NODES, seed=3), _probs(faas, NODES, seed=4))
 
 
+def test_min_instances_are_warm_when_ready(small_store: Path, small_ckpt: Path) -> None:
+    """--min-instances 1: one instance of each function is warm before /v2/health/ready
+    answers, so the first request pays no cold start."""
+    flags = [*FANOUTS, "--deploy", "faas", "--remote", small_store.as_uri(), "--launch", "fork"]
+    flags += ["--min-instances", "1", "--memory-mb", "1500", "--sample-memory-mb", "1500"]
+    with served(small_store, small_ckpt, *flags) as faas:
+        for function in ("sample", "infer"):
+            assert metric(faas, f"gnnserve_deploy_faas_{function}_instances_idle") == 1
+            assert metric(faas, f"gnnserve_deploy_faas_{function}_cold_starts") == 1
+        _probs(faas, NODES)
+        for function in ("sample", "infer"):
+            assert metric(faas, f"gnnserve_deploy_faas_{function}_cold_starts") == 1
+
+
 def test_faas_refuses_a_missing_remote_store(
     small_ckpt: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -410,3 +410,26 @@ def test_every_request_runs_exactly_once(
     assert len(set(m.lost)) == len(m.lost) and set(m.lost) <= set(m.ran)
     m.apply(s.tick(now + 3.0))
     assert s.n_containers == 0  # scale to zero
+
+
+def test_min_instances_are_launched_at_once_and_never_stopped_below() -> None:
+    s = Scheduler("load_aware", keep_alive_s=100.0, min_instances=2)
+    assert s.tick(now=0.0) == [Launch(0), Launch(1)]  # no traffic: launched anyway
+    assert s.tick(now=0.5) == []  # starting instances count
+    assert s.ready(0, now=5.0) == [] and s.ready(1, now=6.0) == []
+    assert s.arrive(0, now=7.0) == [Run(1, 0)]  # warm: no cold start for the first request
+    assert s.arrive(1, now=7.5) == [Run(0, 1)]
+    assert s.arrive(2, now=8.0) == [Launch(2)]  # 3 requests > 2 instances
+    assert s.done(1, now=9.0) == [Run(1, 2)]
+    assert s.ready(2, now=10.0) == []
+    assert s.done(0, now=11.0) == [] and s.done(1, now=12.0) == []
+    # idle since 10, 11, 12: past keep-alive all three, the two most recently idle stay
+    assert s.tick(now=500.0) == [Stop(2)]
+    assert s.tick(now=1000.0) == [] and s.view().instances["idle"] == 2
+
+
+def test_min_instances_above_max_instances_is_refused() -> None:
+    with pytest.raises(InvalidInputError, match="min_instances"):
+        Scheduler("load_aware", max_instances=1, min_instances=2)
+    with pytest.raises(InvalidInputError, match="min_instances"):
+        Scheduler("load_aware", min_instances=-1)

@@ -92,6 +92,7 @@ class FunctionPool:
         self._closed = False
         self._start_failures = 0  # consecutive failed cold starts
         self._retried: set[int] = set()  # requests already run again once
+        self._events.put(("tick", None))  # at once: launches the scheduler's min_instances
         self._thread.start()
 
     # public -----------------------------------------------------------------------------
@@ -127,6 +128,20 @@ class FunctionPool:
         """Call ``method`` (no arguments) on every warm instance; their answers."""
         handles = [i.handle for i in list(self._instances.values()) if i.ready_s is not None]
         return [f.result(timeout_s) for f in [h.call(method) for h in handles]]
+
+    def wait_warm(self, count: int, timeout_s: float) -> bool:
+        """Wait until ``count`` instances are warm (True) or ``timeout_s`` passed (False)."""
+        deadline = time.monotonic() + timeout_s
+        while self.warm < count:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.05)
+        return True
+
+    @property
+    def warm(self) -> int:
+        """Instances that finished their cold start."""
+        return sum(i.ready_s is not None for i in list(self._instances.values()))
 
     @property
     def size(self) -> int:

@@ -200,7 +200,8 @@ class Scheduler:
     """Decides launches, placements and stops for the instances of one function.
 
     ``policy``: a key of :data:`POLICIES`; ``keep_alive_s``: idle seconds before a stop;
-    ``max_instances``: cap on instances starting or warm (None: no cap).
+    ``max_instances``: cap on instances starting or warm (None: no cap); ``min_instances``:
+    instances kept alive with no traffic (launched on the first tick, never stopped below).
     """
 
     def __init__(
@@ -208,6 +209,7 @@ class Scheduler:
         policy: str = "load_aware",
         keep_alive_s: float = 600.0,
         max_instances: int | None = None,
+        min_instances: int = 0,
     ) -> None:
         if policy not in POLICIES:
             raise InvalidInputError(
@@ -219,7 +221,14 @@ class Scheduler:
             raise InvalidInputError(
                 f"max_instances must be >= 1 or None, got {max_instances}", "max_instances"
             )
+        if not 0 <= min_instances <= (max_instances or min_instances):
+            raise InvalidInputError(
+                f"min_instances must lie in [0, max_instances], got {min_instances} "
+                f"(max_instances {max_instances})",
+                "min_instances",
+            )
         self.policy = policy
+        self.min_instances = int(min_instances)
         self.keep_alive_s = float(keep_alive_s)
         self.max_instances = max_instances
         self._policy = POLICIES[policy]()
@@ -370,16 +379,24 @@ class Scheduler:
         return dropped
 
     def tick(self, now: float) -> list[Action]:
-        """Stop (ascending ids) every instance idle for ``keep_alive_s`` or longer at ``now``."""
+        """Stop (ascending ids) every instance idle for ``keep_alive_s`` or longer at ``now``,
+        but the ``min_instances`` most recently idle; launch up to ``min_instances``."""
         expired = [
             i
             for i, x in self._instances.items()
             if x.state == "idle" and now - x.idle_since >= self.keep_alive_s
         ]
+        spare = max(0, self.min_instances - (len(self._instances) - len(expired)))
+        if spare:
+            by_idle = sorted(expired, key=lambda i: (self._instances[i].idle_since, i))
+            expired = sorted(by_idle[: len(by_idle) - spare])
         for i in expired:
             del self._instances[i]
         self._count["stops"] += len(expired)
-        return [Stop(i) for i in expired]
+        actions: list[Action] = [Stop(i) for i in expired]
+        while len(self._instances) < self.min_instances and self._may_launch():
+            actions.append(self._launch())
+        return actions
 
     # helpers for the policies ---------------------------------------------------------------
     def _get(self, instance: int, event: str, state: str | None = None) -> _Instance:

@@ -60,6 +60,7 @@ class FaaSService:
         sample_memory_mb: int | None = None,
         launch: str = "process",
         mb_per_cpu: float = 0.0,
+        min_instances: int = 0,
     ) -> None:
         self.spec = spec
         self.mb_per_cpu = float(mb_per_cpu)
@@ -82,8 +83,10 @@ class FaaSService:
             self.launcher.close()
             stop_ray(self._started_ray)
             raise
-        self.sampler = self._pool("sample", sample_spec, policy, keep_alive_s, max_instances)
-        self.inference = self._pool("infer", spec, policy, keep_alive_s, max_instances)
+        self.min_instances = min_instances
+        scheduling = (policy, keep_alive_s, max_instances, min_instances)
+        self.sampler = self._pool("sample", sample_spec, *scheduling)
+        self.inference = self._pool("infer", spec, *scheduling)
 
     def _pool(
         self,
@@ -92,6 +95,7 @@ class FaaSService:
         policy: str,
         keep_alive_s: float,
         max_instances: int | None,
+        min_instances: int,
     ) -> FunctionPool:
         tag = f"{self._tag}-{kind}"
         cpus = spec.memory_mb / self.mb_per_cpu if self.mb_per_cpu and spec.memory_mb else 0.0
@@ -101,7 +105,7 @@ class FaaSService:
             name = f"{tag}-{instance}-{next(self._names)}"
             return self.launcher.launch(kind, spec, name, resources)
 
-        scheduler = Scheduler(policy, keep_alive_s=keep_alive_s, max_instances=max_instances)
+        scheduler = Scheduler(policy, keep_alive_s, max_instances, min_instances)
         capacity_gb = (spec.memory_mb or 0) / 1024.0
         return FunctionPool(kind, factory, kind, scheduler, capacity_gb)
 
@@ -146,6 +150,14 @@ class FaaSService:
             "sample": self.sampler.ask_warm("memory"),
             "infer": self.inference.ask_warm("memory"),
         }
+
+    def wait_min_warm(self, timeout_s: float) -> bool:
+        """Wait until ``min_instances`` sample and inference instances are warm (True)."""
+        deadline = time.monotonic() + timeout_s
+        return all(
+            pool.wait_warm(self.min_instances, max(0.0, deadline - time.monotonic()))
+            for pool in (self.sampler, self.inference)
+        )
 
     def wait_scaled_to_zero(self, timeout_s: float) -> bool:
         """Block until keep-alive stopped every instance (or ``timeout_s``); True when it did."""
