@@ -103,6 +103,11 @@ class Executor(ABC):
         """Refuse (InvalidInputError naming the field) a configuration this executor cannot
         serve, before anything is loaded; default: every configuration."""
 
+    @classmethod  # noqa: B027 - an optional hook, not abstract
+    def start_early(cls, config: ServeConfig) -> None:
+        """Begin, in the background, what takes long and needs no store (e.g. Ray's start),
+        after ``check_config`` passed and before the store loads; default nothing."""
+
     def warm_up(self) -> dict[str, float]:
         """Run what this executor adds to the local path once (ms per step); default none."""
         return {}
@@ -139,7 +144,8 @@ def register_lazy(name: str, module: str, cls: str) -> None:
 
 def check_deploy(config: ServeConfig) -> None:
     """Refuse an unknown ``deploy.mode``, or a configuration its executor cannot serve
-    (``Executor.check_config``), before the store and model are loaded."""
+    (``Executor.check_config``), before the store and model are loaded; then let the executor
+    begin its slow start-up steps in the background (``Executor.start_early``)."""
     mode = config.deploy.mode
     if mode not in EXECUTORS.names():
         raise InvalidInputError(
@@ -147,7 +153,9 @@ def check_deploy(config: ServeConfig) -> None:
         )
     if mode in _LAZY:
         module, cls = _LAZY[mode]
-        getattr(importlib.import_module(module), cls).check_config(config)
+        executor_cls = getattr(importlib.import_module(module), cls)
+        executor_cls.check_config(config)
+        executor_cls.start_early(config)
 
 
 register_lazy("local", "gnnserve.engine.local", "LocalExecutor")

@@ -23,7 +23,9 @@ import time
 
 import numpy as np
 
+from gnnserve.config import ServeConfig
 from gnnserve.deploy.dgs.service import DGSService
+from gnnserve.deploy.ray import start_ray_early
 from gnnserve.engine.batcher import Batch
 from gnnserve.engine.executor import BatchSource, ExecutionContext
 from gnnserve.engine.local import LocalExecutor
@@ -92,6 +94,11 @@ class DGSExecutor(LocalExecutor):
             return super().sample(batch)
         self.dgs_batches += 1
         return self.service.sample(batch.seeds)
+
+    @classmethod
+    def start_early(cls, config: ServeConfig) -> None:
+        """Start Ray (one CPU per worker) while the store loads."""
+        start_ray_early(2 * config.deploy.workers)
 
     def warm_up(self) -> dict[str, float]:
         """DGS look-ups on every serving worker and across them (``DGSService.warm_up``)."""

@@ -21,6 +21,7 @@ import torch
 from gnnserve.config import ServeConfig
 from gnnserve.deploy.fog.nodes import load_nodes
 from gnnserve.deploy.fog.service import FogService, RoundReport
+from gnnserve.deploy.ray import start_ray_early
 from gnnserve.engine.batcher import Batch
 from gnnserve.engine.executor import BatchSource, ExecutionContext, Executor
 from gnnserve.engine.local import resolve_batch
@@ -50,6 +51,13 @@ class FogExecutor(Executor):
                 "deploy mode fog needs --nodes (a YAML file of the fog nodes)", "deploy.nodes"
             )
         load_nodes(config.deploy.nodes)
+
+    @classmethod
+    def start_early(cls, config: ServeConfig) -> None:
+        """Start Ray (as FogCluster would: a CPU per fog node, at least 2) while the store
+        loads."""
+        world = 1 if config.deploy.fog_mode == "cloud" else len(load_nodes(config.deploy.nodes))
+        start_ray_early(max(2, world))
 
     def __init__(self, context: ExecutionContext) -> None:
         self.check_config(context.config)
