@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-dev
 TORCH_PIN := torch==2.13.0
 
-.PHONY: demo test lint typecheck install bench bench-quick bench-overload clean
+.PHONY: demo test lint typecheck docs install bench bench-quick bench-overload clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -30,7 +30,11 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-test: $(STAMP) lint typecheck
+# The documentation site; --strict fails on a broken link or anchor (make test runs it).
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
+test: $(STAMP) lint typecheck docs
 	$(BIN)/python -m pytest -q --durations=15
 
 # Benchmarks need PyG's NeighborLoader baseline: torch-sparse from ../shared/wheels.
@@ -64,4 +68,4 @@ bench-quick: $(STAMP)
 	$(BIN)/python bench/cgp.py --quick
 
 clean:
-	rm -rf $(VENV) demo_data .pytest_cache .mypy_cache .ruff_cache .import_linter_cache
+	rm -rf $(VENV) demo_data site .pytest_cache .mypy_cache .ruff_cache .import_linter_cache
