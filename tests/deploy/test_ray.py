@@ -19,15 +19,20 @@ _START_AND_STOP = (
 )
 
 
+def _run(script: str) -> subprocess.CompletedProcess[str]:
+    """``script`` in a fresh interpreter, outside any Ray cluster of the environment."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_AUTH_MODE")}
+    proc = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=180
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
 def test_a_local_instance_starts_with_token_auth_and_no_notice() -> None:
     """Ray's "Token authentication is enabled" notice, printed on every start of a local
     cluster, is not printed, and token auth stays on (Ray's default for a local cluster)."""
-    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_AUTH_MODE")}
-    proc = subprocess.run(
-        [sys.executable, "-c", _START_AND_STOP], env=env, capture_output=True, text=True,
-        timeout=180,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = _run(_START_AND_STOP)
     assert proc.stdout.split() == ["True", "token", "True"]
     assert "Token authentication" not in proc.stderr, proc.stderr[-3000:]
 
@@ -51,11 +56,6 @@ def test_an_early_start_is_owned_by_start_ray_and_keeps_the_signal_handlers() ->
     """start_ray_early begins Ray in a thread; start_ray takes that instance over (True: the
     caller stops it), it keeps running after the start (tasks run), and SIGTERM still reaches
     the Python handler (not Ray's native one, which dumps a stack)."""
-    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_AUTH_MODE")}
-    proc = subprocess.run(
-        [sys.executable, "-c", _EARLY_START], env=env, capture_output=True, text=True,
-        timeout=180,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = _run(_EARLY_START)
     assert proc.stdout.split("\n")[0] == "True 42 ['python']", proc.stdout
     assert "SIGTERM" not in proc.stderr, proc.stderr[-3000:]
