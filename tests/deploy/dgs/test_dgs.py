@@ -254,16 +254,21 @@ def test_a_dead_serving_worker_is_replaced_with_the_same_cache() -> None:
         svc.shutdown()
 
 
-def test_warm_up_leaves_no_kernel_to_compile_on_any_serving_worker() -> None:
-    """After ``warm_up``, requests on one worker, across workers and with duplicates compile
-    nothing in any serving worker's process (each worker compiled its kernels in the warm-up)."""
+def test_warm_up_leaves_no_kernel_to_compile_on_any_worker() -> None:
+    """After ``warm_up``, requests on one worker, across workers and with duplicates, and
+    update batches, compile nothing in any worker's process (each compiled in the warm-up),
+    and the warm-up changed no sample (the workers still equal the reference pre-sampler)."""
     g = Graph(N, 20_000, [5, 3], seed=5)
     svc = DGSService(g.indptr, g.indices, [5, 3], n_sampling=2, n_serving=3, seed=5)
     try:
         svc.warm_up()
         warm = svc.compiled()
-        assembled = [w["gnnserve.sampling.presample_kernels.assemble"] for w in warm]
+        assembled = [w["gnnserve.sampling.presample_kernels.assemble"] for w in warm["serving"]]
         assert all(assembled), "a serving worker was left cold by the warm-up"
+        applied = [w["gnnserve.deploy.dgs.adjacency._apply"] for w in warm["sampling"]]
+        assert all(applied), "a sampling worker's update path was left cold by the warm-up"
+        check_requests(svc, g, np.arange(N), 3)
+        assert svc.apply_events(*g.batch(500)) == 1
         check_requests(svc, g, np.arange(N), 3)
         assert svc.compiled() == warm
     finally:

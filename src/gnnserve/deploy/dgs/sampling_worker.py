@@ -19,9 +19,11 @@ from typing import Any
 
 import numpy as np
 
+from gnnserve.compiled import compiled_signatures
 from gnnserve.deploy.dgs.adjacency import LocalAdjacency
 from gnnserve.deploy.dgs.partition import Modulo, split
 from gnnserve.deploy.dgs.subscriptions import SubscriptionTable, deltas
+from gnnserve.graph.events import DELETE, INSERT
 from gnnserve.sampling.presample import ReservoirTable
 
 
@@ -52,7 +54,7 @@ class SamplingWorker:
         self.res = ReservoirTable.build(indptr, indices, gids, queries, seed)
         self.adj = LocalAdjacency(indptr, indices)
         self.subs = SubscriptionTable(self.res.table.shape[0], self.lo, n_serving, hop_query)
-        self.hops = len(fanouts)
+        self.hops, self.fanouts = len(fanouts), list(fanouts)
         self.inbox: list[list[np.ndarray]] = [[] for _ in range(self.hops)]
         seeds = gids[np.asarray(is_query, dtype=bool)]
         self.inbox[0].append(deltas(Modulo(n_serving).owner(seeds), 0, seeds, np.ones_like(seeds)))
@@ -131,6 +133,31 @@ class SamplingWorker:
             else:
                 refs.append(self.peers[part].receive.remote(msgs[pos]))
         return refs
+
+    def warm_up(self) -> None:
+        """Compile the update path as ``check`` and ``ingest`` run it, on a private graph (this
+        worker's state untouched), which a first update would otherwise compile while the
+        writer waits: vertex 0 with in-neighbours 1..d loses one its largest reservoir holds
+        (a refill) and gains an edge from d."""
+        d = max(self.fanouts) + 1
+        indptr = np.concatenate([[0], np.full(d + 1, d)]).astype(np.int64)
+        indices = np.arange(1, d + 1, dtype=np.int64)
+        queries = list(dict.fromkeys(self.fanouts))
+        res = ReservoirTable.build(indptr, indices, np.arange(d + 1), queries, seed=0)
+        adj = LocalAdjacency(indptr, indices)
+        held = int(res.row(0, queries.index(d - 1))[0])
+        kinds, srcs = np.array([DELETE, INSERT]), np.array([held, d], dtype=np.int64)
+        dsts = np.zeros(2, dtype=np.int64)
+        for events in (kinds, srcs, dsts):  # as Ray hands a batch over: read-only
+            events.flags.writeable = False
+        rows = dsts - 0
+        adj.check(kinds, srcs, rows)
+        adj.apply(kinds, srcs, rows)
+        res.apply(kinds, srcs, dsts, rows, adj.neighbors)
+
+    def compiled(self) -> dict[str, list[str]]:
+        """The numba signatures this worker's process holds (``gnnserve.compiled``)."""
+        return compiled_signatures()
 
     def subscriptions(self) -> np.ndarray:
         """int64 [m, 3] (query, vertex, serving worker) of every live subscription."""

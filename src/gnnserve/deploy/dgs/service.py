@@ -283,8 +283,10 @@ class DGSService:
         return merge_samples(seeds, [sg for _, sg in parts], self.hop_query, self._fans)
 
     def warm_up(self) -> None:
-        """Answer one sample on every serving worker alone and one across all of them (the
-        merge), so that no request after this compiles a kernel."""
+        """Compile each sampling worker's update path (``SamplingWorker.warm_up``) and answer
+        one sample on every serving worker alone and one across all of them (the merge), so
+        that no request or update after this compiles a kernel."""
+        ray.get([w.warm_up.remote() for w in self._samplers])
         queries = np.flatnonzero(self.is_query)
         if queries.size == 0:
             return
@@ -294,9 +296,12 @@ class DGSService:
             self.sample(firsts[firsts == seed])
         self.sample(np.concatenate([firsts, firsts]))  # duplicates, several workers: merged
 
-    def compiled(self) -> list[dict[str, list[str]]]:
-        """Per serving worker, the numba signatures its process holds."""
-        return ray.get([s.compiled.remote() for s in self._servers])  # type: ignore[no-any-return]
+    def compiled(self) -> dict[str, list[dict[str, list[str]]]]:
+        """Per serving and per sampling worker, the numba signatures its process holds."""
+        return {
+            "serving": ray.get([s.compiled.remote() for s in self._servers]),
+            "sampling": ray.get([w.compiled.remote() for w in self._samplers]),
+        }
 
     def _check_seeds(self, seeds: np.ndarray) -> np.ndarray:
         """Seeds as int64, non-empty, each a query vertex of this service."""
