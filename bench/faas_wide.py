@@ -6,9 +6,10 @@ published before issue 25) and as 1 MiB block objects (the default). One FaaSSer
 (``--launch fork``, on-demand fetch, no feature cache so every request reads its rows, GCN-2 with
 fanouts -1,-1: every neighbour of two hops) answers the same requests: one seed each, at degree
 quantiles 5%..100% (deterministic), after one warm-up request. A third arm downloads the store
-at start (``--fetch full``, blocks) for the rule of thumb in the README. Recorded per request:
-seed, its degree, input rows, latency and feature-read time. After each arm, one call reads 200
-random whole rows of features.bin from its store: the cost of one range GET, whole vs blocks.
+at start (``--fetch full``, blocks) for the rule of thumb in docs/deploy/faas.md. Recorded per
+request: seed, its degree, input rows, latency and feature-read time. After each arm, one call
+reads 200 random whole rows of features.bin from its store: the cost of one range GET, whole vs
+blocks.
 Arms are interleaved over ``--rounds`` (default 3); the summary gives medians and min-max.
 A request that fails (the store read's 30 s deadline: HTTP 504) is recorded with its error
 kind; p50/max are over the answered ones. Results: bench/results/faas_wide.json.
