@@ -49,32 +49,27 @@ def test_faas_answers_equal_local_and_report_metrics(
         assert r.status_code == 400  # out of range, refused at the gateway
 
 
-def test_faas_answers_a_seeded_request_as_local_does(small_store: Path, small_ckpt: Path) -> None:
-    """Sampled fanouts: with a request's own seed the instances draw what the local sampler
-    draws (the on-demand sampler keys draws as it does), so the answers agree."""
+def test_min_instances_are_warm_and_a_seed_draws_as_local(
+    small_store: Path, small_ckpt: Path
+) -> None:
+    """--min-instances 1: one instance of each function is warm before /v2/health/ready
+    answers, so the first request pays no cold start. Sampled fanouts with a request's own
+    seed: the instances draw what the local sampler draws (the on-demand sampler keys draws as
+    it does), so the answers agree."""
     sampled = ["--fanouts", "2,2"]
-    faas_flags = [*sampled, "--deploy", "faas", "--remote", small_store.as_uri(), "--launch"]
-    faas_flags += ["fork", "--memory-mb", "1500", "--sample-memory-mb", "1500"]
+    flags = [*sampled, "--deploy", "faas", "--remote", small_store.as_uri(), "--launch", "fork"]
+    flags += ["--min-instances", "1", "--memory-mb", "1500", "--sample-memory-mb", "1500"]
     with (
         served(small_store, small_ckpt, *sampled) as local,
-        served(small_store, small_ckpt, *faas_flags) as faas,
+        served(small_store, small_ckpt, *flags) as faas,
     ):
+        for function in ("sample", "infer"):
+            assert metric(faas, f"gnnserve_deploy_faas_{function}_instances_idle") == 1
+            assert metric(faas, f"gnnserve_deploy_faas_{function}_cold_starts") == 1
         for seed in (3, 4):
             want = _probs(local, NODES, seed=seed)
             np.testing.assert_allclose(_probs(faas, NODES, seed=seed), want, atol=1e-6)
         assert not np.allclose(_probs(faas, NODES, seed=3), _probs(faas, NODES, seed=4))
-
-
-def test_min_instances_are_warm_when_ready(small_store: Path, small_ckpt: Path) -> None:
-    """--min-instances 1: one instance of each function is warm before /v2/health/ready
-    answers, so the first request pays no cold start."""
-    flags = [*FANOUTS, "--deploy", "faas", "--remote", small_store.as_uri(), "--launch", "fork"]
-    flags += ["--min-instances", "1", "--memory-mb", "1500", "--sample-memory-mb", "1500"]
-    with served(small_store, small_ckpt, *flags) as faas:
-        for function in ("sample", "infer"):
-            assert metric(faas, f"gnnserve_deploy_faas_{function}_instances_idle") == 1
-            assert metric(faas, f"gnnserve_deploy_faas_{function}_cold_starts") == 1
-        _probs(faas, NODES)
         for function in ("sample", "infer"):
             assert metric(faas, f"gnnserve_deploy_faas_{function}_cold_starts") == 1
 
