@@ -116,10 +116,14 @@ def _sample_and_fetch(engine: Engine) -> MiniBatch:
     return MiniBatch(subgraph, x, in_degree)
 
 
+def _in_degree(engine: Engine) -> np.ndarray:
+    """Each node's in-degree in the served graph."""
+    return engine.graph.adjacency()[1][: engine.graph.num_nodes]
+
+
 def _seeds(engine: Engine) -> np.ndarray:
     """Up to ``_SEEDS`` nodes with in-neighbours (any nodes when none has)."""
-    degree = engine.graph.adjacency()[1][: engine.graph.num_nodes]
-    nodes = np.flatnonzero(degree > 0)[:_SEEDS]
+    nodes = np.flatnonzero(_in_degree(engine) > 0)[:_SEEDS]
     if nodes.size == 0:
         nodes = np.arange(min(engine.graph.num_nodes, _SEEDS))
     return nodes.astype(np.int64)
@@ -196,7 +200,7 @@ def _new_nodes(engine: Engine) -> None:
 
 def _quiet_node(engine: Engine) -> int:
     """A node with the fewest in-neighbours (at least one when any node has some)."""
-    degree = engine.graph.adjacency()[1][: engine.graph.num_nodes]
+    degree = _in_degree(engine)
     some = np.flatnonzero(degree > 0)
     if some.size == 0:
         return 0

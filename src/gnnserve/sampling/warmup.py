@@ -39,12 +39,18 @@ def warm_up_presample_updates(fanouts: list[int]) -> float:
     return elapsed
 
 
-def _exercise(fanouts: list[int]) -> None:
-    # node 0 has in-neighbours 1 .. d, one more than the largest fanout: its largest reservoir
-    # holds some of them, and deleting one it holds makes the kernel refill from the rest
+def refill_graph(fanouts: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """In-neighbour CSR (indptr, indices) of d + 1 nodes, d = max(fanouts) + 1: node 0 has
+    in-neighbours 1 .. d, so its largest reservoir holds some of them, and deleting one it holds
+    makes the update kernel refill from the rest; the other nodes have none."""
     d = max(fanouts) + 1
     indptr = np.concatenate([[0], np.full(d + 1, d)]).astype(np.int64)
-    indices = np.arange(1, d + 1, dtype=np.int64)
+    return indptr, np.arange(1, d + 1, dtype=np.int64)
+
+
+def _exercise(fanouts: list[int]) -> None:
+    indptr, indices = refill_graph(fanouts)
+    d = indices.size
     presampler = PreSampler(indptr, indices, fanouts, seed=0)
     presampler.on_add_nodes(1)  # node d + 1
     held = int(presampler.reservoir(0, fanouts.index(d - 1))[0])

@@ -86,11 +86,9 @@ class DGSExecutor(LocalExecutor):
         """DGS look-ups for default-fanout batches while DGS serves the graph; else (also for a
         request's own seed) local."""
         planner = self.context.planner
-        fanouts = batch.fanouts or planner.default
+        default = (batch.fanouts or planner.default) == planner.default  # what workers keep
         seeded = batch.rng_seed is not None  # a seed keys on-demand draws: sampled locally
-        if self.service is None or self.stale_reason is not None or seeded:
-            return super().sample(batch)
-        if fanouts != planner.default:  # the workers keep reservoirs of the default only
+        if self.service is None or self.stale_reason is not None or seeded or not default:
             return super().sample(batch)
         self.dgs_batches += 1
         return self.service.sample(batch.seeds)

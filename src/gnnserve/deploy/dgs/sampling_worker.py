@@ -25,6 +25,7 @@ from gnnserve.deploy.dgs.partition import Modulo, split
 from gnnserve.deploy.dgs.subscriptions import SubscriptionTable, deltas
 from gnnserve.graph.events import DELETE, INSERT
 from gnnserve.sampling.presample import ReservoirTable
+from gnnserve.sampling.warmup import refill_graph
 
 
 class SamplingWorker:
@@ -139,9 +140,8 @@ class SamplingWorker:
         worker's state untouched), which a first update would otherwise compile while the
         writer waits: vertex 0 with in-neighbours 1..d loses one its largest reservoir holds
         (a refill) and gains an edge from d."""
-        d = max(self.fanouts) + 1
-        indptr = np.concatenate([[0], np.full(d + 1, d)]).astype(np.int64)
-        indices = np.arange(1, d + 1, dtype=np.int64)
+        indptr, indices = refill_graph(self.fanouts)
+        d = indices.size
         queries = list(dict.fromkeys(self.fanouts))
         res = ReservoirTable.build(indptr, indices, np.arange(d + 1), queries, seed=0)
         adj = LocalAdjacency(indptr, indices)
@@ -150,7 +150,7 @@ class SamplingWorker:
         dsts = np.zeros(2, dtype=np.int64)
         for events in (kinds, srcs, dsts):  # as Ray hands a batch over: read-only
             events.flags.writeable = False
-        rows = dsts - 0
+        rows = dsts.copy()  # ingest's rows (dsts - lo) are a new, writable array
         adj.check(kinds, srcs, rows)
         adj.apply(kinds, srcs, rows)
         res.apply(kinds, srcs, dsts, rows, adj.neighbors)

@@ -293,7 +293,7 @@ class DGSService:
         owner = self.serving.owner(queries)
         firsts = np.array([queries[owner == w][0] for w in np.unique(owner)], dtype=np.int64)
         for seed in firsts:
-            self.sample(firsts[firsts == seed])
+            self.sample(np.array([seed]))
         self.sample(np.concatenate([firsts, firsts]))  # duplicates, several workers: merged
 
     def compiled(self) -> dict[str, list[dict[str, list[str]]]]:
