@@ -7,6 +7,8 @@ import json
 import os
 import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -222,3 +224,26 @@ def test_config_not_matching_the_weights_is_refused_before_building_the_model(
     monkeypatch.setattr(checkpoint, "GNN", built)
     with pytest.raises(StoreFormatError, match=message):
         load_checkpoint(ckpt)
+
+
+@pytest.mark.parametrize("arch", ["gcn", "sage", "gat"])
+def test_state_shapes_match_state_dict(arch: str) -> None:
+    model = GNN(_config(arch))
+    model.register_buffer("kept", torch.zeros(3, 2))
+    model.register_buffer("dropped", torch.zeros(5), persistent=False)
+    want = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    assert checkpoint.state_shapes(model) == want and "kept" in want
+
+
+def test_loading_a_checkpoint_imports_neither_onnx_nor_dynamo(tmp_path: Path) -> None:
+    """Start-up cost: state_dict() on a PyG Linear imports torch.onnx and torch._dynamo (~2 s)."""
+    ckpt, _ = _saved(tmp_path)
+    code = (
+        "import sys\n"
+        "from gnnserve.models.checkpoint import load_checkpoint\n"
+        f"load_checkpoint({str(ckpt)!r})\n"
+        "loaded = [m for m in ('torch.onnx', 'torch._dynamo.convert_frame') if m in sys.modules]\n"
+        "print(','.join(loaded) or 'none')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "none"

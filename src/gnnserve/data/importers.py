@@ -156,6 +156,9 @@ def _num_nodes(value: Any, x: np.ndarray | None, path: Path) -> int:
 
 def _pyg_safe_globals() -> list[Any]:
     """Classes a pickled PyG ``Data`` references, to allow-list for ``weights_only`` loading."""
+    from gnnserve.deferred_imports import defer_torch_dynamo
+
+    defer_torch_dynamo()
     from torch_geometric.data import Data
     from torch_geometric.data.data import DataEdgeAttr, DataTensorAttr
     from torch_geometric.data.storage import EdgeStorage, GlobalStorage, NodeStorage

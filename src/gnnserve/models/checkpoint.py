@@ -143,8 +143,20 @@ def _check_size(config: ModelConfig, path: Path) -> None:
         )
 
 
+def state_shapes(model: torch.nn.Module) -> dict[str, tuple[int, ...]]:
+    """Name -> shape of each tensor ``model.state_dict()`` holds (parameters and persistent
+    buffers), read without calling it: PyG's ``Linear`` asks ``torch.onnx`` there whether it is
+    exporting, and that first import costs ~2 s (torch._dynamo with it) at every start-up."""
+    shapes = {name: tuple(p.shape) for name, p in model.named_parameters()}
+    for prefix, module in model.named_modules():
+        for name, buf in module._buffers.items():
+            if buf is not None and name not in module._non_persistent_buffers_set:
+                shapes[f"{prefix}.{name}" if prefix else name] = tuple(buf.shape)
+    return shapes
+
+
 def _check_state(model: GNN, state: dict[str, torch.Tensor], path: Path) -> None:
-    want = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    want = state_shapes(model)
     got = {k: tuple(v.shape) for k, v in state.items()}
     problems = [f"missing {k}" for k in sorted(want.keys() - got.keys())]
     problems += [f"unexpected {k}" for k in sorted(got.keys() - want.keys())]

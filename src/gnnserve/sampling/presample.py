@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import queue
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -51,8 +52,9 @@ from gnnserve.errors import InvalidInputError
 from gnnserve.fanouts import check_fanouts
 from gnnserve.graph.events import DELETE, INSERT, NeighborsOf
 from gnnserve.sampling import presample_kernels as pk
-from gnnserve.sampling.sampler import to_subgraph
-from gnnserve.types import SampledSubgraph
+
+if TYPE_CHECKING:  # torch-free at import: DGS workers import this module (torch costs ~2 s)
+    from gnnserve.types import SampledSubgraph
 
 CHANGE_COLUMNS = ("query", "vertex", "added", "removed")  # rows returned by the updates; -1 = none
 _MASK = 2**64 - 1
@@ -294,6 +296,8 @@ class PreSampler:
             )
         finally:
             self._scratch.put(local_id)
+        from gnnserve.sampling.sampler import to_subgraph  # torch: imported on first sample
+
         return to_subgraph(out, len(self.fanouts))
 
 

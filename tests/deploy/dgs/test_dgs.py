@@ -271,5 +271,11 @@ def test_warm_up_leaves_no_kernel_to_compile_on_any_worker() -> None:
         assert svc.apply_events(*g.batch(500)) == 1
         check_requests(svc, g, np.arange(N), 3)
         assert svc.compiled() == warm
+        # Start-up: no worker process imports torch (~2 s of CPU each), even after serving.
+        loaded = [
+            w.__ray_call__.remote(lambda _: "torch" in __import__("sys").modules)
+            for w in svc._servers + svc._samplers
+        ]
+        assert ray.get(loaded) == [False] * 5
     finally:
         svc.shutdown()

@@ -59,7 +59,8 @@ from gnnserve.deploy.ray import start_ray, stop_ray
 from gnnserve.errors import InvalidInputError, WorkerFailedError
 from gnnserve.fanouts import check_fanouts
 from gnnserve.sampling import presample_kernels as pk
-from gnnserve.sampling.presample import DELETE, INSERT, check_csr, to_subgraph
+from gnnserve.sampling.presample import DELETE, INSERT, check_csr
+from gnnserve.sampling.sampler import to_subgraph
 from gnnserve.types import SampledSubgraph
 
 _SamplingActor = ray.remote(num_cpus=0)(SamplingWorker)
@@ -278,9 +279,10 @@ class DGSService:
             ) from None
         if len({v for v, _ in parts}) != 1:
             raise RuntimeError("serving workers answered from different batches")
-        if len(parts) == 1:
-            return parts[0][1]  # type: ignore[no-any-return]
-        return merge_samples(seeds, [sg for _, sg in parts], self.hop_query, self._fans)
+        subgraphs = [to_subgraph(_writable(arrays), self.hop_query.size) for _, arrays in parts]
+        if len(subgraphs) == 1:
+            return subgraphs[0]
+        return merge_samples(seeds, subgraphs, self.hop_query, self._fans)
 
     def warm_up(self) -> None:
         """Compile each sampling worker's update path (``SamplingWorker.warm_up``) and answer
@@ -355,6 +357,14 @@ def _wait(refs: list[Any]) -> None:
     """Wait for ObjectRefs, given flat or as lists of lists (acks returned by workers)."""
     flat = list(chain.from_iterable(r if isinstance(r, list) else [r] for r in refs))
     ray.get(flat)
+
+
+def _writable(assembled: tuple[Any, ...]) -> tuple[Any, ...]:
+    """Ray hands large arrays over read-only (zero-copy from its object store); copy those,
+    as torch tensors made from them must own writable memory."""
+    return tuple(
+        a.copy() if isinstance(a, np.ndarray) and not a.flags.writeable else a for a in assembled
+    )
 
 
 def merge_samples(

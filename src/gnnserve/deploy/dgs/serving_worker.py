@@ -20,8 +20,8 @@ import numpy as np
 from gnnserve.compiled import compiled_signatures
 from gnnserve.deploy.dgs.subscriptions import Push
 from gnnserve.sampling import presample_kernels as pk
-from gnnserve.sampling.presample import to_subgraph
-from gnnserve.types import SampledSubgraph
+
+Assembled = tuple  # presample_kernels.assemble's first six outputs: sampler.to_subgraph's input
 
 
 class ServingCache:
@@ -82,14 +82,16 @@ class ServingCache:
         self.counts = np.concatenate([self.counts, np.full_like(self.counts, -1)])
         self.free.extend(range(2 * cap - 1, cap - 1, -1))
 
-    def sample(self, seeds: np.ndarray) -> SampledSubgraph:
-        """The k-hop sample of ``seeds`` from the cache; RuntimeError on a missing reservoir."""
+    def sample(self, seeds: np.ndarray) -> Assembled:
+        """The k-hop sample of ``seeds`` from the cache as ``assemble``'s arrays (the driver
+        makes the blocks: this process never imports torch); RuntimeError on a missing
+        reservoir."""
         out = pk.assemble(
             self.table, self.counts, self.cols, self.hop_query, seeds, self.local_id, self.row_of
         )
         if out[6] >= 0:
             raise RuntimeError(f"serving cache misses a reservoir of vertex {out[6]}")
-        return to_subgraph(out, self.hop_query.size)
+        return out[:6]  # type: ignore[no-any-return]
 
     def contents(self) -> np.ndarray:
         """int64 [m, 2 + max fanout]: (query, vertex, members..., -1 padded) of every reservoir."""
@@ -148,7 +150,7 @@ class ServingWorker:
         self.version = version
         return version
 
-    def sample(self, seeds: np.ndarray) -> tuple[int, SampledSubgraph]:
+    def sample(self, seeds: np.ndarray) -> tuple[int, Assembled]:
         """(batch version read, k-hop sample of ``seeds``) from the local cache only."""
         self.requests += 1
         return self.version, self.cache.sample(np.asarray(seeds, dtype=np.int64))

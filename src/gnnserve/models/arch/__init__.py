@@ -7,10 +7,15 @@ CGP layer (partial aggregation on a worker, merge of the partials) those tensors
 (:mod:`~gnnserve.models.arch.cgp`, :mod:`~gnnserve.models.arch.merge`). Adding an architecture
 is one new module: a subclass decorated with :func:`~gnnserve.models.arch.base.register`,
 imported here (or, for a plug-in, by its user). No module of this package imports
-torch_geometric at import time: CGP workers import them.
+torch_geometric at import time: CGP workers import them. Importing this package defers
+``torch._dynamo`` (:mod:`gnnserve.deferred_imports`) before any architecture imports PyG.
 """
 
-from gnnserve.models.arch import gat, gcn, sage
-from gnnserve.models.arch.base import MODELS, Architecture, register
+from gnnserve.deferred_imports import defer_torch_dynamo
+
+defer_torch_dynamo()
+
+from gnnserve.models.arch import gat, gcn, sage  # noqa: E402
+from gnnserve.models.arch.base import MODELS, Architecture, register  # noqa: E402
 
 __all__ = ["MODELS", "Architecture", "gat", "gcn", "register", "sage"]

@@ -1,0 +1,45 @@
+"""torch._dynamo deferred to its first use, with torch_geometric and torch.compile unchanged."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+SCRIPT = """
+import sys, torch
+import gnnserve.models.arch  # defers torch._dynamo, then PyG may be imported
+import torch_geometric.nn
+from gnnserve.deferred_imports import is_deferred
+print("deferred after PyG:", is_deferred(), "torch._dynamo.convert_frame" in sys.modules)
+lin = torch.nn.Linear(3, 2)
+x = torch.randn(4, 3)
+compiled = torch.compile(lin, backend="eager")
+print("equal:", torch.equal(compiled(x), lin(x)))
+real = sys.modules["torch._dynamo"]
+print("real:", not is_deferred(), torch._dynamo is real, hasattr(real, "__path__"))
+from torch_geometric import is_torch_instance
+from torch._dynamo import eval_frame
+print("isinstance:", is_torch_instance(compiled, torch.nn.Linear), eval_frame.__name__)
+"""
+
+
+def test_torch_dynamo_loads_on_first_use_only() -> None:
+    out = subprocess.run(
+        [sys.executable, "-c", SCRIPT], capture_output=True, text=True, check=True, timeout=300
+    ).stdout.splitlines()
+    assert out == [
+        "deferred after PyG: True False",
+        "equal: True",
+        "real: True True True",
+        "isinstance: True torch._dynamo.eval_frame",
+    ]
+
+
+def test_nothing_is_deferred_once_dynamo_is_imported() -> None:
+    code = (
+        "import torch._dynamo, sys\n"
+        "from gnnserve.deferred_imports import defer_torch_dynamo, is_deferred\n"
+        "defer_torch_dynamo(); print(is_deferred(), type(sys.modules['torch._dynamo']).__name__)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False module"
