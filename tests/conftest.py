@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -12,6 +14,16 @@ import pytest
 from gnnserve.data.writer import GraphData, write_store
 
 DATASETS = Path(__file__).resolve().parents[1].parent / "shared" / "datasets"
+
+
+def python_output(code: str, timeout: float = 120) -> list[str]:
+    """The stdout lines of ``code`` run in a fresh interpreter (a clean ``sys.modules``: import
+    checks); its stderr in the failure message when it exits non-zero."""
+    run = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout
+    )
+    assert run.returncode == 0, run.stderr
+    return run.stdout.splitlines()
 
 
 def datasets_dir() -> Path:

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
+from tests.conftest import python_output
 
 SCRIPT = """
 import sys, torch
@@ -24,10 +23,7 @@ print("isinstance:", is_torch_instance(compiled, torch.nn.Linear), eval_frame.__
 
 
 def test_torch_dynamo_loads_on_first_use_only() -> None:
-    out = subprocess.run(
-        [sys.executable, "-c", SCRIPT], capture_output=True, text=True, check=True, timeout=300
-    ).stdout.splitlines()
-    assert out == [
+    assert python_output(SCRIPT, timeout=300) == [
         "deferred after PyG: True False",
         "equal: True",
         "real: True True True",
@@ -41,5 +37,4 @@ def test_nothing_is_deferred_once_dynamo_is_imported() -> None:
         "from gnnserve.deferred_imports import defer_torch_dynamo, is_deferred\n"
         "defer_torch_dynamo(); print(is_deferred(), type(sys.modules['torch._dynamo']).__name__)"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "False module"
+    assert python_output(code) == ["False module"]

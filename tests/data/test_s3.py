@@ -3,8 +3,6 @@ GET per range as the server counts them, whole objects, streamed multipart uploa
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +13,7 @@ from gnnserve.data.blobs import open_blobs
 from gnnserve.data.publish import publish
 from gnnserve.data.seaweed import free_ports
 from gnnserve.errors import InvalidInputError, StoreFormatError
+from tests.conftest import python_output
 
 pytestmark = pytest.mark.distributed
 SIZE = 100_000
@@ -118,8 +117,7 @@ def test_blobs_module_does_not_need_obstore() -> None:
         "assert 'obstore' not in sys.modules, 'obstore imported'; "
         "print(b.open_blobs('file:///tmp').names() is not None)"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "True"
+    assert python_output(code) == ["True"]
 
 
 def test_on_demand_sampling_from_s3_equals_local(object_store: Any, small_store: Path) -> None:

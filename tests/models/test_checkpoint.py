@@ -7,8 +7,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +19,7 @@ from gnnserve.models import checkpoint
 from gnnserve.models.checkpoint import CONFIG, WEIGHTS, load_checkpoint, save_checkpoint
 from gnnserve.models.zoo import GNN, ModelConfig
 from gnnserve.sampling import NeighborSampler
+from tests.conftest import python_output
 from tests.data.test_integrity import serve_processes
 
 
@@ -245,5 +244,4 @@ def test_loading_a_checkpoint_imports_neither_onnx_nor_dynamo(tmp_path: Path) ->
         "loaded = [m for m in ('torch.onnx', 'torch._dynamo.convert_frame') if m in sys.modules]\n"
         "print(','.join(loaded) or 'none')\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "none"
+    assert python_output(code) == ["none"]

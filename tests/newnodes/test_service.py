@@ -4,8 +4,6 @@ the newnodes package imports nothing above it (engine, server, deploy, front end
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +24,7 @@ from gnnserve.newnodes.inference import NewNodeInference
 from gnnserve.newnodes.parse import parse_new_nodes
 from gnnserve.newnodes.service import NewNodeService
 from gnnserve.types import Request
+from tests.conftest import python_output
 
 FEATURES = np.random.default_rng(3).standard_normal((3, 16)).astype(np.float32).tolist()
 EDGES = [[0, 5], [0, 17], [1, 5], [2, 1999], [1, 42], [0, 100], [2, 17]]
@@ -45,8 +44,7 @@ def test_newnodes_imports_nothing_above_it() -> None:
         f"bad = sorted(m for m in sys.modules if m.startswith({ABOVE!r}))\n"
         "assert not bad, bad\n"
     )
-    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert run.returncode == 0, run.stderr
+    python_output(code)
 
 
 class RecordingReads:
