@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from gnnserve.data.blobs import open_blobs
-from gnnserve.data.publish import self_loop_ids
+from gnnserve.data.publish import SELF_LOOPS, publish, self_loop_ids
 from gnnserve.errors import StoreFormatError
 from gnnserve.graph import open_graph_store
 from gnnserve.graph.remote import RemoteCSR
@@ -63,3 +63,15 @@ def test_truncated_remote_file_is_refused(small_store: Path, tmp_path: Path) -> 
     (tmp_path / "indices.bin").write_bytes(data[:-4])
     with pytest.raises(StoreFormatError, match="indices.bin"):
         RemoteCSR(open_blobs(str(tmp_path)))
+
+
+def test_self_loops_are_read_without_listing_the_store(small_store: Path, tmp_path: Path) -> None:
+    """Opening reads self_loops.npy by name (a listing of a blocked store names every block)."""
+    url = (tmp_path / "pub").as_uri()
+    publish(small_store, url, progress=False, block_bytes=4096)
+    blobs = open_blobs(url)
+    blobs.names = lambda: pytest.fail("listed the store")  # type: ignore[method-assign]
+    indptr, indices = open_graph_store(small_store).csr()
+    np.testing.assert_array_equal(RemoteCSR(blobs).self_loops, self_loop_ids(indptr, indices))
+    (tmp_path / "pub" / SELF_LOOPS).unlink()  # an older store without the table
+    assert RemoteCSR(open_blobs(url)).self_loops is None

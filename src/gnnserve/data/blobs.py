@@ -147,6 +147,16 @@ class BlobStore(abc.ABC):
         self.stats.add(1, len(data))
         return data
 
+    def get_optional(self, name: str) -> bytes | None:
+        """Object ``name`` whole, or None when the store has none of that name (one request,
+        not a listing of every object)."""
+        if name in self.manifest().objects:
+            return self.get(name)
+        data = self._get_optional(name)
+        if data is not None:
+            self.stats.add(1, len(data))
+        return data
+
     def get_ranges(
         self, name: str, starts: Sequence[int] | np.ndarray, ends: Sequence[int] | np.ndarray
     ) -> list[bytes]:

@@ -74,9 +74,10 @@ class RemoteCSR:
                 )
 
     def _read_self_loops(self) -> np.ndarray | None:
-        if SELF_LOOPS not in self.blobs.names():
+        data = self.blobs.get_optional(SELF_LOOPS)
+        if data is None:
             return None
-        loops = np.load(io.BytesIO(self.blobs.get(SELF_LOOPS)), allow_pickle=False)
+        loops = np.load(io.BytesIO(data), allow_pickle=False)
         return np.asarray(loops, dtype=np.int64)
 
     def fetch_degrees(self, nodes: np.ndarray) -> tuple[np.ndarray, np.ndarray, int, int]:
