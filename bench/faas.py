@@ -19,8 +19,11 @@ gnnserve arms also with ``--launch fork`` (instances forked from a warm template
 
 Capacity (§5.1): the peak memory charged to an instance (runtime included) while it serves the 8
 highest in-degree queries in turn, per fetch mode, x1.15; the same capacity whichever launch
-path. The instance cap is set from a memory budget (``--budget-gb``): as many instances per
-function as the largest pair of capacities (full fetch's) fits, the same for every system. GB·s
+path. The instance cap per function is the smaller of what a memory budget (``--budget-gb``)
+and a CPU budget (``--cpu-budget``, default this machine's cores) hold of the largest pair of
+capacities (full fetch's) and their quotas, the same for every system: a quota only means
+something while its cores exist (with the memory budget alone, 19 instances of ~1 core each
+shared 2 cores and process cold starts took 67-94 s). ``--cpu-budget 0``: memory alone. GB·s
 bills capacity x lifetime (launch to keep-alive expiry), as a FaaS platform bills; fork arms
 also report their templates' resident memory over the replay.
 
@@ -71,7 +74,12 @@ from gnnserve.data.seaweed import ObjectStoreServer
 from gnnserve.data.writer import GraphData, write_store
 from gnnserve.deploy.faas.function import FunctionSpec
 from gnnserve.deploy.faas.profile import BIG_PEAK, profile_predictor
-from gnnserve.deploy.faas.service import FaaSResult, FaaSService
+from gnnserve.deploy.faas.service import (
+    FaaSResult,
+    FaaSService,
+    cpu_instance_cap,
+    machine_cores,
+)
 from gnnserve.deploy.ray import start_ray, stop_ray
 from gnnserve.models.checkpoint import save_checkpoint
 from gnnserve.models.zoo import GNN, ModelConfig
@@ -313,6 +321,10 @@ def parse() -> argparse.Namespace:
     p.add_argument("--peak-rps", type=float, default=9.0)
     p.add_argument("--budget-gb", type=float, default=16.0, help="memory for all instances")
     p.add_argument("--mb-per-cpu", type=float, default=256.0)
+    p.add_argument(
+        "--cpu-budget", type=float, default=float(machine_cores()),
+        help="cores the instances' quotas may add up to (0: cap from memory alone)",
+    )  # fmt: skip
     p.add_argument("--arms", default=ARMS, help="system/launch pairs, comma-separated")
     p.add_argument("--work", type=Path, default=Path("/tmp/gnnserve-faas-bench"))
     p.add_argument(
@@ -362,10 +374,20 @@ def run_config(
     print(f"[faas] {graph} {arch}: training the memory predictor ...", flush=True)
     out["predictor"] = profile_predictor(base, access, requests=240, seed=0)
     caps = {f: profile_capacity(replace(base, fetch=f), top) for f in ("ondemand", "full")}
-    largest = max(sum(c) for c in caps.values())
-    max_instances = max(1, int(args.budget_gb * 1024 // largest))
-    print(f"[faas] capacities (infer, sample) MB {caps}; {max_instances} per function", flush=True)
-    out.update(capacity_mb=caps, max_instances=max_instances, rounds={}, summary={}, ratios={})
+    largest = max(caps.values(), key=sum)
+    memory_cap = max(1, int(args.budget_gb * 1024 // sum(largest)))
+    quotas = tuple(mb / args.mb_per_cpu for mb in largest) if args.mb_per_cpu else (0.0,)
+    cpu_cap = cpu_instance_cap(args.cpu_budget, quotas)
+    max_instances = min(memory_cap, cpu_cap or memory_cap)
+    print(
+        f"[faas] capacities (infer, sample) MB {caps}; {max_instances} per function "
+        f"(memory budget: {memory_cap}, CPU budget: {cpu_cap})",
+        flush=True,
+    )
+    out.update(
+        capacity_mb=caps, max_instances=max_instances, memory_cap=memory_cap, cpu_cap=cpu_cap,
+        rounds={}, summary={}, ratios={},
+    )  # fmt: skip
     arms = args.arms.split(",")
     for r in range(args.rounds):
         trace = make_trace(r, args, access, out["trace_index"])

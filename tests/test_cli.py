@@ -202,6 +202,7 @@ SERVE_FLAG_VALUES = [
     ("--min-instances", "1", "deploy.min_instances", 1),
     ("--launch", "fork", "deploy.launch", "fork"),
     ("--mb-per-cpu", "0", "deploy.mb_per_cpu", 0.0),
+    ("--cpu-budget", "8", "deploy.cpu_budget", 8.0),
     ("--nodes", "nodes.yaml", "deploy.nodes", "nodes.yaml"),
     ("--fog-mode", "strawman", "deploy.fog_mode", "strawman"),
     ("--fog-codec", "lossless", "deploy.fog_codec", "lossless"),

@@ -76,6 +76,7 @@ SERVE_FLAGS: tuple[tuple[str, str], ...] = (
     ("--min-instances", "deploy.min_instances"),
     ("--launch", "deploy.launch"),
     ("--mb-per-cpu", "deploy.mb_per_cpu"),
+    ("--cpu-budget", "deploy.cpu_budget"),
     ("--nodes", "deploy.nodes"),
     ("--fog-mode", "deploy.fog_mode"),
     ("--fog-codec", "deploy.fog_codec"),

@@ -265,6 +265,12 @@ class DeployConfig(_Strict):
         ge=0,
         description="faas: instance memory per CPU of quota (AWS Lambda: 1769; 0: no quota)",
     )
+    cpu_budget: float | None = Field(
+        None,
+        ge=0,
+        description="faas: cores the instances' CPU quotas may add up to; sets the cap per "
+        "function when --max-instances is not given (default: this machine's cores; 0: no cap)",
+    )
     nodes: str = Field("", description="fog: YAML of the nodes (name, cores, link, fog_link)")
     fog_codec: Literal["auto", "lossless", "daq"] = Field(
         "auto",

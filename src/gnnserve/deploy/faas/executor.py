@@ -76,6 +76,7 @@ class FaaSExecutor(Executor):
             launch=deploy.launch,
             mb_per_cpu=deploy.mb_per_cpu,
             min_instances=deploy.min_instances,
+            cpu_budget=deploy.cpu_budget,
         )
         self._source = batches
         self._thread = threading.Thread(target=self._dispatch, name="faas-dispatch", daemon=True)

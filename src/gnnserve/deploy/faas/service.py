@@ -8,12 +8,17 @@ time per stage). The inference pool is told of the request when it enters the sa
 two in series. Both pools start empty and scale to zero after ``keep_alive_s`` idle. Instances
 start by ``launch`` (:data:`~gnnserve.deploy.faas.launch.LAUNCHERS`: ``process`` or ``fork``);
 each gets a CPU quota of ``memory / mb_per_cpu`` cores (0: none), as FaaS platforms allot CPU in
-proportion to memory (FaaS-GNN §5.1; AWS Lambda: one vCPU per 1,769 MB).
+proportion to memory (FaaS-GNN §5.1; AWS Lambda: one vCPU per 1,769 MB). A quota is a promise
+only while the machine has the cores: with no ``max_instances`` the cap per function is what
+``cpu_budget`` cores hold of sample + inference pairs (:func:`cpu_instance_cap`), and an explicit
+cap whose quotas add up to more than the budget is logged, as the instances then share the cores.
 """
 
 from __future__ import annotations
 
 import itertools
+import logging
+import math
 import os
 import shutil
 import time
@@ -36,6 +41,42 @@ from gnnserve.deploy.faas.launch import LAUNCHERS, InstanceHandle, Resources
 from gnnserve.deploy.faas.pool import FunctionPool
 from gnnserve.deploy.faas.scheduler import Scheduler
 from gnnserve.deploy.ray import start_ray, stop_ray
+
+log = logging.getLogger(__name__)
+
+
+def cpu_instance_cap(cpu_budget: float, quotas: tuple[float, ...]) -> int | None:
+    """Instances per function whose CPU ``quotas`` (cores of one instance of each function)
+    fit ``cpu_budget`` cores together: at least 1; None when there is no quota or no budget."""
+    per_set = sum(quotas)
+    if per_set <= 0 or cpu_budget <= 0:
+        return None
+    return max(1, math.floor(cpu_budget / per_set + 1e-9))
+
+
+def instance_cap(
+    max_instances: int | None, min_instances: int, quotas: tuple[float, ...], cpu_budget: float
+) -> int | None:
+    """``max_instances``, or when None the cap :func:`cpu_instance_cap` gives (never below
+    ``min_instances``); logs an explicit cap whose quotas oversubscribe ``cpu_budget`` cores."""
+    fits = cpu_instance_cap(cpu_budget, quotas)
+    if max_instances is None:
+        return None if fits is None else max(fits, min_instances)
+    if fits is not None and max_instances > fits:
+        log.warning(
+            "faas: %d instances per function with CPU quotas %s cores need %.1f cores, "
+            "the budget is %g: the instances will share the cores",
+            max_instances,
+            [round(q, 2) for q in quotas],
+            max_instances * sum(quotas),
+            cpu_budget,
+        )
+    return max_instances
+
+
+def machine_cores() -> int:
+    """Cores this process may run on (its CPU affinity)."""
+    return len(os.sched_getaffinity(0))
 
 
 @dataclass
@@ -61,9 +102,17 @@ class FaaSService:
         launch: str = "process",
         mb_per_cpu: float = 0.0,
         min_instances: int = 0,
+        cpu_budget: float | None = None,
     ) -> None:
         self.spec = spec
         self.mb_per_cpu = float(mb_per_cpu)
+        sample_spec = replace(
+            spec, memory_mb=spec.memory_mb if sample_memory_mb is None else sample_memory_mb
+        )
+        budget = machine_cores() if cpu_budget is None else cpu_budget
+        quotas = (self._quota(sample_spec), self._quota(spec))
+        max_instances = instance_cap(max_instances, min_instances, quotas, budget)
+        self.max_instances = max_instances
         self._tag = f"p{os.getpid()}-{uuid.uuid4().hex[:8]}"  # cgroup names: unique per service
         self.launcher = LAUNCHERS.create(launch, self._tag)
         self._started_ray = self.launcher.uses_ray and start_ray(
@@ -72,9 +121,6 @@ class FaaSService:
         if cgroup_support() is None:
             cleanup_stale()  # empty groups of instances of earlier services
         self._names = itertools.count()
-        sample_spec = replace(
-            spec, memory_mb=spec.memory_mb if sample_memory_mb is None else sample_memory_mb
-        )
         try:
             self.launcher.prepare("sample", sample_spec)
             self.launcher.prepare("infer", spec)
@@ -88,6 +134,10 @@ class FaaSService:
         self.sampler = self._pool("sample", sample_spec, *scheduling)
         self.inference = self._pool("infer", spec, *scheduling)
 
+    def _quota(self, spec: FunctionSpec) -> float:
+        """Cores of CPU quota one instance of ``spec`` gets (0: none)."""
+        return spec.memory_mb / self.mb_per_cpu if self.mb_per_cpu and spec.memory_mb else 0.0
+
     def _pool(
         self,
         kind: str,
@@ -98,8 +148,7 @@ class FaaSService:
         min_instances: int,
     ) -> FunctionPool:
         tag = f"{self._tag}-{kind}"
-        cpus = spec.memory_mb / self.mb_per_cpu if self.mb_per_cpu and spec.memory_mb else 0.0
-        resources = Resources(spec.memory_mb, cpus)
+        resources = Resources(spec.memory_mb, self._quota(spec))
 
         def factory(instance: int) -> InstanceHandle:
             name = f"{tag}-{instance}-{next(self._names)}"
