@@ -131,3 +131,16 @@ def object_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
         pytest.skip(str(exc))
     with ObjectStoreServer.start(tmp_path_factory.mktemp("seaweed"), bucket="tests") as server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def ray_instance() -> Iterator[None]:
+    """One local Ray instance (8 logical CPUs) for every test that runs actors, started on first
+    use and stopped when the session ends: starting one costs ~5 s, once instead of per module.
+    Deployments started beside it use it as they would a cluster a user started (``start_ray``
+    returns False: they leave it running)."""
+    from gnnserve.deploy.ray import start_ray, stop_ray
+
+    started = start_ray(num_cpus=8)
+    yield
+    stop_ray(started)

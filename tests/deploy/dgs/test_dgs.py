@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -18,16 +17,8 @@ from gnnserve.sampling.presample import DELETE, INSERT, PreSampler
 from gnnserve.types import SampledSubgraph
 from tests.conftest import random_simple_graph
 
-pytestmark = pytest.mark.distributed
+pytestmark = [pytest.mark.distributed, pytest.mark.usefixtures("ray_instance")]
 N = 2000
-
-
-@pytest.fixture(scope="module", autouse=True)
-def ray_cluster() -> Iterator[None]:
-    """One local Ray instance for the module; the services reuse it."""
-    ray.init(num_cpus=8, include_dashboard=False, configure_logging=False)
-    yield
-    ray.shutdown()
 
 
 class Graph:

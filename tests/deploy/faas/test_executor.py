@@ -3,6 +3,7 @@ instances reading the store by byte ranges; FaaS metrics on /metrics; clear refu
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -17,6 +18,15 @@ pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 # full neighbourhoods: the sample is deterministic, so both servers must agree exactly
 FANOUTS = ["--fanouts=-1,-1"]
 NODES = [0, 7, 7, 123, 1999, 42, 500]
+SAMPLED = ["--fanouts", "2,2"]
+
+
+@pytest.fixture(scope="module")
+def local(small_store: Path, small_ckpt: Path) -> Iterator[str]:
+    """The reference: `serve` with the local deployment (default fanouts 2,2; a request may
+    ask for full neighbourhoods), one server for the module."""
+    with served(small_store, small_ckpt, *SAMPLED) as base:
+        yield base
 
 
 def _probs(base: str, nodes: list[int], **extra: object) -> np.ndarray:
@@ -26,15 +36,12 @@ def _probs(base: str, nodes: list[int], **extra: object) -> np.ndarray:
 
 @pytest.mark.parametrize("launch", ["process", "fork"])
 def test_faas_answers_equal_local_and_report_metrics(
-    small_store: Path, small_ckpt: Path, launch: str
+    small_store: Path, small_ckpt: Path, local: str, launch: str
 ) -> None:
     faas_flags = [*FANOUTS, "--deploy", "faas", "--remote", small_store.as_uri()]
     faas_flags += ["--launch", launch, "--memory-mb", "1500", "--sample-memory-mb", "1500"]
-    with (
-        served(small_store, small_ckpt, *FANOUTS) as local,
-        served(small_store, small_ckpt, *faas_flags, "--keep-alive-s", "120") as faas,
-    ):
-        want = _probs(local, NODES)
+    with served(small_store, small_ckpt, *faas_flags, "--keep-alive-s", "120") as faas:
+        want = _probs(local, NODES, fanouts=[-1, -1])
         np.testing.assert_allclose(_probs(faas, NODES), want, rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(_probs(faas, NODES), want, rtol=1e-5, atol=1e-6)  # warm
         assert metric(faas, "gnnserve_deploy_faas_infer_cold_starts") == 1
@@ -50,19 +57,15 @@ def test_faas_answers_equal_local_and_report_metrics(
 
 
 def test_min_instances_are_warm_and_a_seed_draws_as_local(
-    small_store: Path, small_ckpt: Path
+    small_store: Path, small_ckpt: Path, local: str
 ) -> None:
     """--min-instances 1: one instance of each function is warm before /v2/health/ready
     answers, so the first request pays no cold start. Sampled fanouts with a request's own
     seed: the instances draw what the local sampler draws (the on-demand sampler keys draws as
     it does), so the answers agree."""
-    sampled = ["--fanouts", "2,2"]
-    flags = [*sampled, "--deploy", "faas", "--remote", small_store.as_uri(), "--launch", "fork"]
+    flags = [*SAMPLED, "--deploy", "faas", "--remote", small_store.as_uri(), "--launch", "fork"]
     flags += ["--min-instances", "1", "--memory-mb", "1500", "--sample-memory-mb", "1500"]
-    with (
-        served(small_store, small_ckpt, *sampled) as local,
-        served(small_store, small_ckpt, *flags) as faas,
-    ):
+    with served(small_store, small_ckpt, *flags) as faas:
         for function in ("sample", "infer"):
             assert metric(faas, f"gnnserve_deploy_faas_{function}_instances_idle") == 1
             assert metric(faas, f"gnnserve_deploy_faas_{function}_cold_starts") == 1

@@ -35,15 +35,6 @@ pytestmark = [
 MB = 1 << 20
 
 
-@pytest.fixture(scope="module")
-def ray_session() -> Iterator[None]:
-    from gnnserve.deploy.ray import start_ray, stop_ray
-
-    started = start_ray(num_cpus=4)
-    yield
-    stop_ray(started)
-
-
 @contextmanager
 def running(spec: FunctionSpec, **options: Any) -> Iterator[FaaSService]:
     """A service for ``spec`` (keep-alive 60 s), shut down on exit."""
@@ -66,7 +57,7 @@ def _parent(pid: int) -> int:
 
 
 def test_forked_instances_answer_as_local_inference(
-    ray_session: None, small_store: Path, tmp_path: Path
+    ray_instance: None, small_store: Path, tmp_path: Path
 ) -> None:
     ckpt = make_checkpoint(small_store, tmp_path / "sage", arch="sage")
     spec = FunctionSpec(small_store.as_uri(), str(ckpt), (5, 3), memory_mb=400)
@@ -109,7 +100,7 @@ def test_a_forked_instance_that_dies_while_starting_fails_its_start(
 
 
 def test_a_process_instance_is_charged_from_its_first_byte(
-    ray_session: None, small_store: Path, tmp_path: Path
+    ray_instance: None, small_store: Path, tmp_path: Path
 ) -> None:
     """Every anonymous page of the process, the Python runtime included, is charged to the
     instance's cgroup (joined after start-up, a v1 cgroup charged only what came later)."""
@@ -124,7 +115,7 @@ def test_a_process_instance_is_charged_from_its_first_byte(
 
 
 def test_the_inference_instance_starts_while_the_request_samples(
-    ray_session: None, small_store: Path, tmp_path: Path
+    ray_instance: None, small_store: Path, tmp_path: Path
 ) -> None:
     ckpt = make_checkpoint(small_store, tmp_path / "gcn", arch="gcn")
     spec = FunctionSpec(small_store.as_uri(), str(ckpt), (5, 3))
@@ -157,7 +148,7 @@ def test_sample_instances_compile_their_kernels_in_the_cold_start(small_store: P
 
 @pytest.mark.parametrize("launch", ["fork", "process"])
 def test_no_scratch_file_outlives_a_full_fetch_instance(
-    ray_session: None, small_store: Path, tmp_path: Path, launch: str
+    ray_instance: None, small_store: Path, tmp_path: Path, launch: str
 ) -> None:
     ckpt = make_checkpoint(small_store, tmp_path / "gcn", arch="gcn")
     spec = FunctionSpec(small_store.as_uri(), str(ckpt), (5, 3), fetch="full", memory_mb=1500)
@@ -194,7 +185,7 @@ def test_a_full_fetch_template_with_wide_rows_still_forks(tmp_path: Path) -> Non
 
 
 def test_an_oom_killed_request_runs_again_on_a_fresh_instance(
-    ray_session: None, tmp_path: Path
+    ray_instance: None, tmp_path: Path
 ) -> None:
     store = star_store(tmp_path / "star")
     ckpt = make_checkpoint(store, tmp_path / "ckpt", arch="sage")
@@ -212,7 +203,7 @@ def test_an_oom_killed_request_runs_again_on_a_fresh_instance(
         assert name not in _instances(service, "infer")
 
 
-def test_a_request_killed_twice_is_a_503(ray_session: None, tmp_path: Path) -> None:
+def test_a_request_killed_twice_is_a_503(ray_instance: None, tmp_path: Path) -> None:
     store = star_store(tmp_path / "star")
     ckpt = make_checkpoint(store, tmp_path / "ckpt", arch="sage")
     spec = FunctionSpec(store.as_uri(), str(ckpt), (-1, 1), memory_mb=120, cache=False)
@@ -228,7 +219,7 @@ def test_a_request_killed_twice_is_a_503(ray_session: None, tmp_path: Path) -> N
 
 
 def test_a_prediction_above_the_free_budget_clears_the_cache_in_a_real_cgroup(
-    ray_session: None, small_store: Path, tmp_path: Path
+    ray_instance: None, small_store: Path, tmp_path: Path
 ) -> None:
     ckpt = make_checkpoint(small_store, tmp_path / "gcn", arch="gcn")
     rng = np.random.default_rng(0)

@@ -3,7 +3,6 @@ scale to zero, and read an S3 store (memory limits and launch paths: test_launch
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,15 +24,6 @@ from tests.conftest import make_checkpoint
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 
 
-@pytest.fixture(scope="module")
-def ray_session() -> Iterator[None]:
-    from gnnserve.deploy.ray import start_ray, stop_ray
-
-    started = start_ray(num_cpus=4)
-    yield
-    stop_ray(started)
-
-
 def local_logits(
     store: Path, ckpt: Path, seeds: np.ndarray, fanouts: list[int], key: int
 ) -> torch.Tensor:
@@ -48,7 +38,7 @@ def local_logits(
 
 @pytest.mark.parametrize("arch", ["gcn", "sage"])
 def test_answers_equal_local_inference_and_scale_to_zero(
-    ray_session: None, small_store: Path, tmp_path: Path, arch: str
+    ray_instance: None, small_store: Path, tmp_path: Path, arch: str
 ) -> None:
     ckpt = make_checkpoint(small_store, tmp_path / arch, arch=arch)
     spec = FunctionSpec(small_store.as_uri(), str(ckpt), (5, 3), memory_mb=0)
@@ -83,7 +73,7 @@ def star_store(out: Path, n: int = 25_000, dim: int = 1024) -> Path:
 
 
 def test_instances_read_an_s3_store(
-    ray_session: None, object_store: Any, small_store: Path, tmp_path: Path
+    ray_instance: None, object_store: Any, small_store: Path, tmp_path: Path
 ) -> None:
     from gnnserve.data.publish import publish
 

@@ -5,11 +5,8 @@ exchanged equal a plain count of the halos."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import numpy as np
 import pytest
-import ray
 import torch
 
 from gnnserve.data.generators import sbm
@@ -87,17 +84,10 @@ def test_one_fog_in_process_equals_the_full_graph(graph: GraphStore) -> None:
     assert got.bytes_sent == 0 and got.halo == 0
 
 
-@pytest.fixture(scope="module")
-def ray_cluster() -> Iterator[None]:
-    ray.init(num_cpus=4, include_dashboard=False, configure_logging=False)
-    yield
-    ray.shutdown()
-
-
 @pytest.mark.distributed
-@pytest.mark.parametrize("n", [2, 3, 4])
+@pytest.mark.parametrize("n", [2, 3])  # 4 nodes added ~18 s and nothing 3 does not cover
 def test_fog_rounds_equal_full_graph_inference(
-    graph: GraphStore, ray_cluster: None, n: int
+    graph: GraphStore, ray_instance: None, n: int
 ) -> None:
     indptr, indices = graph.csr()
     membership = metis_parts(indptr, indices, n)

@@ -7,11 +7,9 @@ from __future__ import annotations
 import re
 import subprocess
 import time
-from collections.abc import Iterator
 
 import numpy as np
 import pytest
-import ray
 import torch
 
 from gnnserve.data.generators import sbm
@@ -84,17 +82,10 @@ def test_uploads_over_a_link_take_its_rate() -> None:
     assert took > 0.9 * ideal, (took, ideal)
 
 
-@pytest.fixture(scope="module")
-def ray_cluster() -> Iterator[None]:
-    ray.init(num_cpus=4, include_dashboard=False, configure_logging=False)
-    yield
-    ray.shutdown()
-
-
 @NO_NETNS
 @pytest.mark.distributed
 def test_the_fabric_carries_the_boundary_exchange_at_its_rate(
-    tmp_path: object, ray_cluster: None
+    tmp_path: object, ray_instance: None
 ) -> None:
     n, f = 1_500, 64
     data = sbm(num_nodes=n, num_classes=4, feature_dim=f, avg_degree=10.0, seed=3)

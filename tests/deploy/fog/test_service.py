@@ -5,11 +5,8 @@ moved vertices off a node whose CPU quota was cut."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import numpy as np
 import pytest
-import ray
 import torch
 
 from gnnserve.data.generators import sbm
@@ -32,13 +29,6 @@ def graph(tmp_path_factory: pytest.TempPathFactory) -> GraphStore:
     out = tmp_path_factory.mktemp("fogsvc") / "store"
     write_store(data, out)
     return open_graph_store(out)
-
-
-@pytest.fixture(scope="module")
-def ray_cluster() -> Iterator[None]:
-    ray.init(num_cpus=4, include_dashboard=False, configure_logging=False)
-    yield
-    ray.shutdown()
 
 
 def _model(hidden: int = 64) -> GNN:
@@ -79,7 +69,7 @@ def _received(svc: FogService, x: np.ndarray, membership: np.ndarray) -> np.ndar
 @pytest.mark.distributed
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["cloud", "strawman"])
-def test_raw_modes_answer_full_precision_inference(graph, ray_cluster, mode) -> None:  # type: ignore[no-untyped-def]
+def test_raw_modes_answer_full_precision_inference(graph, ray_instance, mode) -> None:  # type: ignore[no-untyped-def]
     model, x = _model(), _readings(1)
     with FogService(model, graph, x, NODES, mode) as svc:
         report = svc.round(_readings(2))
@@ -92,7 +82,7 @@ def test_raw_modes_answer_full_precision_inference(graph, ray_cluster, mode) -> 
 @pytest.mark.distributed
 @pytest.mark.slow
 def test_fograph_answers_on_the_decoded_uploads_before_and_after_a_migration(
-    graph, ray_cluster
+    graph, ray_instance
 ) -> None:  # type: ignore[no-untyped-def]
     model = _model(hidden=1024)  # rounds of several ms: a quota cut shows above timer noise
     options = {"slack": 1.2, "min_excess_ms": 3.0}
@@ -123,7 +113,7 @@ def test_fograph_answers_on_the_decoded_uploads_before_and_after_a_migration(
 @pytest.mark.distributed
 @pytest.mark.slow
 def test_lossless_uploads_are_exact_and_a_slow_round_is_warned_once(
-    graph, ray_cluster, caplog
+    graph, ray_instance, caplog
 ) -> None:  # type: ignore[no-untyped-def]
     """Readings of 0/1/2 (counts): DAQ's 8-bit rows would round them, lossless uploads
     (float32 + LZ4) give plain inference on the readings themselves, in fewer bytes than raw.
