@@ -62,6 +62,8 @@ def test_forked_instances_answer_as_local_inference(
     ckpt = make_checkpoint(small_store, tmp_path / "sage", arch="sage")
     spec = FunctionSpec(small_store.as_uri(), str(ckpt), (5, 3), memory_mb=400)
     with running(spec, launch="fork", mb_per_cpu=400) as service:
+        # no --max-instances: as many pairs of 1-core quotas as the cores hold
+        assert service.max_instances == max(1, len(os.sched_getaffinity(0)) // 2)
         for key, ids in enumerate(([3], [7, 7, 100], [1999, 0])):
             seeds = np.array(ids, dtype=np.int64)
             got = service.predict(seeds, rng_seed=key)

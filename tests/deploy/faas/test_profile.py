@@ -11,8 +11,9 @@ import pytest
 
 from gnnserve.cli import main
 from gnnserve.data.blobs import open_blobs
+from gnnserve.deploy.faas import profile
 from gnnserve.deploy.faas.function import FunctionSpec
-from gnnserve.deploy.faas.profile import profile_predictor
+from gnnserve.deploy.faas.profile import profile_predictor, query_degrees
 from gnnserve.graph.remote import RemoteCSR
 from gnnserve.models.memory import MemoryPredictor, request_features
 from gnnserve.sampling.ondemand import OnDemandSampler
@@ -40,3 +41,20 @@ def test_profile_command_prints_the_report(
     assert Path(report["saved"]).exists() and report["held_out"] == 6
     shutil.rmtree(ckpt)
     assert main([*argv, "--requests", "24"]) == 2  # missing checkpoint: a clear error, exit 2
+
+
+def test_query_degrees_are_read_in_chunks_and_equal_the_graph(
+    small_store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gnnserve.graph import open_graph_store
+
+    indptr = open_graph_store(small_store).csr()[0]
+    remote = RemoteCSR(open_blobs(str(small_store)))
+    nodes = np.unique(np.random.default_rng(0).integers(0, indptr.size - 1, 300))
+    calls: list[int] = []
+    fetch = remote.fetch_degrees
+    monkeypatch.setattr(remote, "fetch_degrees", lambda n: calls.append(n.size) or fetch(n))
+    monkeypatch.setattr(profile, "DEGREE_CHUNK", 64)
+    np.testing.assert_array_equal(query_degrees(remote, nodes), np.diff(indptr)[nodes])
+    assert calls and max(calls) <= 64 and sum(calls) == nodes.size
+    assert query_degrees(remote, nodes[:0]).size == 0

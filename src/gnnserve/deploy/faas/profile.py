@@ -33,6 +33,7 @@ from gnnserve.models.memory import MemoryPredictor, relative_errors, request_fea
 log = logging.getLogger(__name__)
 _TOP = 8  # highest in-degree vertices always profiled
 BIG_PEAK = 1 << 20  # bytes: errors are reported separately above and below
+DEGREE_CHUNK = 8192  # query vertices per degree read: each read stays within the store's deadline
 
 
 def profile_predictor(
@@ -91,6 +92,17 @@ def _split_errors(predictor: MemoryPredictor, X: np.ndarray, y: np.ndarray) -> d
     return out
 
 
+def query_degrees(remote: RemoteCSR, nodes: np.ndarray) -> np.ndarray:
+    """In-degrees of ``nodes`` (valid int64 ids), read :data:`DEGREE_CHUNK` at a time: on a large
+    graph the query vertices span ranges of the index pointers that one read could not fetch
+    within the store's per-request deadline (2^20 R-MAT vertices: over 30 s)."""
+    chunks = [
+        remote.fetch_degrees(nodes[i : i + DEGREE_CHUNK])[1]
+        for i in range(0, nodes.size, DEGREE_CHUNK)
+    ]
+    return np.concatenate(chunks) if chunks else np.empty(0, dtype=np.int64)
+
+
 def _request_seeds(
     remote: RemoteCSR, queries: np.ndarray | None, requests: int, seed: int
 ) -> np.ndarray:
@@ -99,7 +111,7 @@ def _request_seeds(
     pool = np.arange(n) if queries is None else np.asarray(queries, dtype=np.int64)
     picked = rng.choice(pool, size=max(1, requests - _TOP), replace=pool.size < requests)
     distinct = np.unique(pool)  # offline: reading every query vertex's degree is fine
-    degree = remote.fetch_degrees(distinct)[1]
+    degree = query_degrees(remote, distinct)
     top = distinct[np.argsort(-degree, kind="stable")[:_TOP]]
     return np.concatenate([picked, top]).astype(np.int64)
 
