@@ -78,6 +78,7 @@ from gnnserve.deploy.faas.service import (
     FaaSResult,
     FaaSService,
     cpu_instance_cap,
+    cpu_quota,
     machine_cores,
 )
 from gnnserve.deploy.ray import start_ray, stop_ray
@@ -376,7 +377,7 @@ def run_config(
     caps = {f: profile_capacity(replace(base, fetch=f), top) for f in ("ondemand", "full")}
     largest = max(caps.values(), key=sum)
     memory_cap = max(1, int(args.budget_gb * 1024 // sum(largest)))
-    quotas = tuple(mb / args.mb_per_cpu for mb in largest) if args.mb_per_cpu else (0.0,)
+    quotas = tuple(cpu_quota(mb, args.mb_per_cpu) for mb in largest)
     cpu_cap = cpu_instance_cap(args.cpu_budget, quotas)
     max_instances = min(memory_cap, cpu_cap or memory_cap)
     print(

@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from gnnserve.deploy.faas.service import cpu_instance_cap, instance_cap
+from gnnserve.deploy.faas.service import cpu_instance_cap, cpu_quota, instance_cap
 
 
 @pytest.mark.parametrize(
@@ -24,6 +24,11 @@ def test_the_cap_is_the_pairs_the_budget_holds(budget: float, quotas: tuple[floa
     assert cap is not None and cap >= 1
     assert cap * sum(quotas) <= budget or cap == 1  # fits, or one pair when none fits
     assert (cap + 1) * sum(quotas) > budget  # and one more pair would not
+
+
+def test_the_quota_is_memory_over_mb_per_cpu() -> None:
+    assert cpu_quota(512, 256) == 2.0 and cpu_quota(1769, 1769) == 1.0
+    assert cpu_quota(512, 0) == 0.0 and cpu_quota(0, 256) == 0.0  # no quota, no limit
 
 
 def test_no_quota_or_no_budget_means_no_cap() -> None:

@@ -45,6 +45,11 @@ from gnnserve.deploy.ray import start_ray, stop_ray
 log = logging.getLogger(__name__)
 
 
+def cpu_quota(memory_mb: float, mb_per_cpu: float) -> float:
+    """Cores of CPU quota an instance of ``memory_mb`` gets at ``mb_per_cpu`` (0: none)."""
+    return memory_mb / mb_per_cpu if mb_per_cpu and memory_mb else 0.0
+
+
 def cpu_instance_cap(cpu_budget: float, quotas: tuple[float, ...]) -> int | None:
     """Instances per function whose CPU ``quotas`` (cores of one instance of each function)
     fit ``cpu_budget`` cores together: at least 1; None when there is no quota or no budget."""
@@ -75,8 +80,11 @@ def instance_cap(
 
 
 def machine_cores() -> int:
-    """Cores this process may run on (its CPU affinity)."""
-    return len(os.sched_getaffinity(0))
+    """Cores this process may run on (its CPU affinity; the CPU count where the platform has
+    no affinity call)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
 
 
 @dataclass
@@ -136,7 +144,7 @@ class FaaSService:
 
     def _quota(self, spec: FunctionSpec) -> float:
         """Cores of CPU quota one instance of ``spec`` gets (0: none)."""
-        return spec.memory_mb / self.mb_per_cpu if self.mb_per_cpu and spec.memory_mb else 0.0
+        return cpu_quota(spec.memory_mb, self.mb_per_cpu)
 
     def _pool(
         self,
