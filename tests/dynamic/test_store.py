@@ -190,30 +190,33 @@ def test_replay_refuses_a_record_the_api_would_reject(
     assert log_path.read_bytes() == before  # neither truncated nor appended to
 
 
-def _reader_waits(store: DynamicStore) -> bool:
-    """True when a reader trying to pin a version now has to wait (a writer holds the lock)."""
-    got = threading.Event()
+def _version_a_reader_pins(store: DynamicStore) -> str:
+    """The version a reader pinning now (in another thread) reads; it must not wait."""
+    got: list[str] = []
 
     def read() -> None:
-        store.view.acquire_read()
-        got.set()
+        got.append(store.view.acquire_read())
         store.view.release_read()
 
-    threading.Thread(target=read, daemon=True).start()
-    return not got.wait(0.05)
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    reader.join(5)
+    assert got, "a reader waited for the writer"
+    return got[0]
 
 
 class _Recorder:
     """An UpdateListener writing each call, and the store's state then, into a shared list."""
 
-    def __init__(self, name: str, store: DynamicStore, calls: list, check_lock: bool) -> None:
-        self.name, self.store, self.calls, self.check_lock = name, store, calls, check_lock
+    def __init__(self, name: str, store: DynamicStore, calls: list, check_unseen: bool) -> None:
+        self.name, self.store, self.calls, self.check_unseen = name, store, calls, check_unseen
 
     def _state(self) -> tuple[int, int]:
-        if self.check_lock:  # once: a reader waiting costs 50 ms
-            self.check_lock = False
-            assert _reader_waits(self.store), "listener called outside the write lock"
-        return self.store.graph.num_nodes, self.store.graph.seq
+        graph = self.store.graph
+        if self.check_unseen:  # readers cannot see a batch before its listeners have it
+            pinned = _version_a_reader_pins(self.store)
+            assert pinned == f"{graph.meta.checksum}.{graph.seq - 1}", "listener called late"
+        return graph.num_nodes, graph.seq
 
     def on_add_nodes(self, count: int) -> None:
         self.calls.append((self.name, "nodes", count, self._state()))
@@ -233,7 +236,7 @@ def test_listeners_get_each_batch_in_order_after_it_applied(small_store: Path, t
     calls: list = []
     for name in ("a", "b"):  # subscribed after batch 1: they see batches 2.. only
         assert isinstance(_Recorder(name, store, calls, False), UpdateListener)
-        store.subscribe(_Recorder(name, store, calls, check_lock=name == "a"))
+        store.subscribe(_Recorder(name, store, calls, check_unseen=name == "a"))
     want: list = []
     for seq in range(2, 12):
         ops = _random_batch(rng, edges, n, 16)

@@ -1,10 +1,12 @@
 """A mutable feature table: rows can be replaced and appended (node inserts).
 
-Writers are serialised and excluded from readers by the dynamic store's lock; see
-``gnnserve.dynamic.store.DynamicStore``.
+Writers are serialised by the dynamic store and change only a copy no reader holds; see
+``gnnserve.dynamic.leftright``.
 """
 
 from __future__ import annotations
+
+import copy
 
 import numpy as np
 import torch
@@ -24,6 +26,12 @@ class DynamicFeatures(FeatureStore):
             ids = np.arange(lo, min(lo + chunk, n))
             self._table[lo : lo + ids.size] = base.get(ids).numpy()
         self._n = n
+
+    def clone(self) -> DynamicFeatures:
+        """An independent copy of the table."""
+        twin = copy.copy(self)
+        twin._table = self._table.copy()
+        return twin
 
     @property
     def num_nodes(self) -> int:

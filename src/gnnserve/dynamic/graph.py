@@ -5,10 +5,12 @@ Node v's in-neighbours live in ``cols[start[v] : start[v] + degree[v]]`` with ro
 capacity (amortised O(1)); a delete swaps the last neighbour into the hole. Moves leave holes;
 ``compacted`` builds a fresh copy with modest slack, which the store swaps in while readers keep
 using the old arrays. Mutation is not thread-safe on its own: ``DynamicStore`` serialises writers
-and excludes readers while it applies a batch.
+and mutates only a copy no reader holds (``dynamic.leftright``).
 """
 
 from __future__ import annotations
+
+import copy
 
 import numba
 import numpy as np
@@ -100,6 +102,16 @@ class DynamicGraph(GraphStore):
             used,
         )
 
+    def clone(self) -> DynamicGraph:
+        """An independent copy: same version, same rows in the same order (so fixed-seed
+        sampling draws the same neighbours from either copy)."""
+        twin = copy.copy(self)
+        twin._install(
+            self.start.copy(), self.capacity.copy(), self.cols.copy(), self.used, self.degree.copy()
+        )
+        twin.loops = self.loops.copy()
+        return twin
+
     @property
     def num_nodes(self) -> int:
         return self._n
@@ -127,7 +139,7 @@ class DynamicGraph(GraphStore):
         """Share of ``cols`` not holding a live edge (holes and slack)."""
         return 1.0 - self._m / max(self.used, 1)
 
-    # mutation: callers hold the store's write lock -----------------------------------------
+    # mutation: callers own this copy (no reader holds it) ------------------------------------
     def apply_edge_events(self, inserts: np.ndarray, srcs: np.ndarray, dsts: np.ndarray) -> None:
         """Apply validated edge events in one kernel call (inserts: bool, True = add)."""
         cols, self.used, bad = _apply_events(

@@ -1,12 +1,14 @@
 """DynamicStore: a graph and its features that change, durably, with one version for both.
 
 ``apply(ops)`` validates a batch against the current state, appends it to the update log (the
-acknowledgement waits for it), then applies it under the write lock, advances the version and
-reports it to the subscribed listeners (``subscribe``; see ``gnnserve.graph.events``). Readers
-(inference batches) read through ``view`` (``dynamic.view``): they pin a version from sampling
-until their features are fetched, so each batch sees exactly one version. A background thread
-compacts the adjacency when more than half of it is holes or slack: it copies with writers
-paused and readers running, then swaps the arrays in under a brief write lock.
+acknowledgement waits for it), then applies it and reports it to the subscribed listeners
+(``subscribe``; see ``gnnserve.graph.events``). The store is kept in two copies
+(``dynamic.leftright``): a batch is applied to the copy no reader holds, reported, published
+all at once by a flip, then applied to the other copy once the readers that pinned it leave.
+Readers (inference batches) read through ``view`` and ``features`` (``dynamic.view``): they pin a
+version from sampling until their features are fetched, without ever waiting for a batch, and
+each batch sees exactly one version. A background thread compacts the adjacency when more than
+half of it is holes or slack, copy by copy in the same way.
 
 Opening a store compiles nothing: the update path's kernels compile on first use, or before
 serving by the explicit start-up step ``dynamic.warmup.warm_up_updates`` (the engine's warm-up).
@@ -25,14 +27,14 @@ import numpy as np
 
 from gnnserve.dynamic.features import DynamicFeatures
 from gnnserve.dynamic.graph import DynamicGraph
-from gnnserve.dynamic.rwlock import ReadWriteLock
+from gnnserve.dynamic.leftright import LeftRight
 from gnnserve.dynamic.updates import ParsedBatch, UpdateRejectedError, parse_batch
-from gnnserve.dynamic.view import VersionedGraph
+from gnnserve.dynamic.view import GraphReplica, VersionedFeatures, VersionedGraph
 from gnnserve.dynamic.wal import FsyncPolicy, UpdateLog, replay
 from gnnserve.errors import InvalidInputError, ReadOnlyStoreError, StoreFormatError
 from gnnserve.features.base import FeatureStore
 from gnnserve.graph.base import GraphStore
-from gnnserve.graph.events import DELETE, INSERT, UpdateListener
+from gnnserve.graph.events import DELETE, INSERT, ReplicatedListener, UpdateListener
 from gnnserve.urls import local_path
 
 log = logging.getLogger(__name__)
@@ -62,6 +64,18 @@ def _edge_arrays(batch: ParsedBatch) -> EdgeArrays | None:
     return inserts, srcs, dsts
 
 
+def _report(
+    listener: UpdateListener, graph: DynamicGraph, added: int, edges: EdgeArrays | None
+) -> None:
+    """Tell ``listener`` what a batch changed: new nodes first, then the edge events in order
+    (``graph``: the copy that applied it)."""
+    if added:
+        listener.on_add_nodes(added)
+    if edges is not None:
+        inserts, srcs, dsts = edges
+        listener.on_edge_events(np.where(inserts, INSERT, DELETE), srcs, dsts, graph.neighbors)
+
+
 def _batches(n: int) -> str:
     return f"{n} batch" if n == 1 else f"{n} batches"
 
@@ -79,8 +93,9 @@ class UpdateResult:
 class DynamicStore:
     """Mutable graph + features + update log; hand ``view`` and ``features`` to the Engine.
 
-    ``graph`` is the DynamicGraph the store mutates; readers that run beside writers read it
-    through ``view``, whose ``acquire_read`` pins a version (``graph``'s own is a no-op).
+    ``graph`` is the copy holding the newest version, for the writer's side and for tools;
+    readers that run beside writers read through ``view`` (whose ``acquire_read`` pins a
+    version) and ``features``.
     """
 
     def __init__(
@@ -99,10 +114,7 @@ class DynamicStore:
         commands a refusal suggests)."""
         log_path = local_path(log_path, "store.update_log")
         self._store_path = str(store_path) if store_path is not None else "STORE"
-        self.graph = DynamicGraph(graph)
-        self.features = DynamicFeatures(features)
-        self._lock = ReadWriteLock()
-        self.view = VersionedGraph(self.graph, self._lock)
+        self._latest = GraphReplica(DynamicGraph(graph), DynamicFeatures(features))
         self._writer = threading.Lock()  # one batch at a time: validate, log, apply
         self.compact_above = compact_above
         self._listeners: list[UpdateListener] = []  # subscribed after replay, from its state
@@ -116,18 +128,35 @@ class DynamicStore:
             raise
         if self.log is not None and self.graph.seq == 0 and self.log.path.stat().st_size == 0:
             self.log.append(0, [{"op": "base", "checksum": graph.version}])
+        self._replicas = LeftRight(self._latest)  # after the replay: one copy replayed, cloned
+        self.view = VersionedGraph(self._replicas)
+        self.features = VersionedFeatures(self._replicas)
         self._stop = threading.Event()
         self._compactor = threading.Thread(target=self._compact_loop, daemon=True)
         self._compactor.start()
+
+    @property
+    def graph(self) -> DynamicGraph:
+        """The copy of the graph at the newest version (readers beside writers use ``view``)."""
+        return self._latest.graph
 
     def subscribe(self, listener: UpdateListener) -> None:
         """Report every batch applied from now on to ``listener`` (see ``graph.events``).
 
         Build the listener from the current state (e.g. ``PreSampler(*store.graph.csr(), ...)``)
-        with no batch applied in between; it is called after the listeners subscribed before.
+        with no batch applied in between. A ``ReplicatedListener`` gets a twin beside the other
+        copy of the graph and reads the copy of the caller's pinned version; plain listeners
+        are called once per batch, after the replicated ones, in subscription order.
         """
         with self._writer:  # not while a batch is being applied
-            self._listeners.append(listener)
+            if not isinstance(listener, ReplicatedListener):
+                self._listeners.append(listener)
+                return
+            k = len(self._latest.listeners)
+            active, spare = self._replicas.both()
+            active.listeners.append(listener)
+            spare.listeners.append(listener.clone())
+            listener.follow(lambda: self._replicas.reading().listeners[k])
 
     def _replay(self, path: str | Path, base_version: str, truncate: bool) -> int:
         """Apply every logged batch after checking the log belongs to this base store.
@@ -145,7 +174,7 @@ class DynamicStore:
                         "wal",
                     )
                 continue
-            self._apply(self._replayed_batch(path, seq, ops), seq)
+            self._change(self._latest, self._replayed_batch(path, seq, ops), seq)
             applied += 1
         if applied:
             log.info(
@@ -175,7 +204,7 @@ class DynamicStore:
 
     def _parse(self, ops: Any) -> ParsedBatch:
         g = self.graph
-        return parse_batch(ops, g.num_nodes, self.features.dim, g.count_edges)
+        return parse_batch(ops, g.num_nodes, self._latest.features.dim, g.count_edges)
 
     def apply(self, ops: Any) -> UpdateResult:
         """Validate, log durably, apply; UpdateRejectedError (nothing applied) when invalid."""
@@ -189,45 +218,44 @@ class DynamicStore:
             return UpdateResult(self.graph.version, seq, batch.new_nodes, len(batch.ops))
 
     def _apply(self, batch: ParsedBatch, seq: int) -> None:
-        g, f = self.graph, self.features
-        edges = _edge_arrays(batch)  # built before the lock: readers wait only for the kernels
-        self._lock.acquire_write()
-        try:
-            for op in batch.ops:  # node ops first: edges may use the new ids
-                if op["op"] == "add_node":
-                    g.add_node()
-                    f.append(op["features"])
-                elif op["op"] == "upsert_features":
-                    f.upsert(op["node"], op["features"])
-            if edges is not None:
-                g.apply_edge_events(*edges)
-            g.seq = seq
-            if self._listeners:
-                self._report(len(batch.new_nodes), edges)
-        finally:
-            self._lock.release_write()
+        """Apply to the spare copy, report to the listeners, publish, apply to the other."""
+        edges = _edge_arrays(batch)  # once, for both copies
 
-    def _report(self, added: int, edges: EdgeArrays | None) -> None:
-        """Tell each listener what changed: new nodes first, then the edge events in order."""
-        events = None
+        def published(replica: GraphReplica) -> None:
+            self._latest = replica
+            for listener in self._listeners:  # before readers can pin the batch's version
+                _report(listener, replica.graph, len(batch.new_nodes), edges)
+
+        self._replicas.write(lambda r: self._change(r, batch, seq, edges), published)
+
+    @staticmethod
+    def _change(
+        replica: GraphReplica, batch: ParsedBatch, seq: int, edges: EdgeArrays | None = None
+    ) -> None:
+        """Apply ``batch`` to one copy that no reader holds, and to its listeners' copies."""
+        g, f = replica.graph, replica.features
+        if edges is None:
+            edges = _edge_arrays(batch)
+        for op in batch.ops:  # node ops first: edges may use the new ids
+            if op["op"] == "add_node":
+                g.add_node()
+                f.append(op["features"])
+            elif op["op"] == "upsert_features":
+                f.upsert(op["node"], op["features"])
         if edges is not None:
-            inserts, srcs, dsts = edges
-            events = (np.where(inserts, INSERT, DELETE), srcs, dsts)
-        for listener in self._listeners:
-            if added:
-                listener.on_add_nodes(added)
-            if events is not None:
-                listener.on_edge_events(*events, self.graph.neighbors)
+            g.apply_edge_events(*edges)
+        g.seq = seq
+        for listener in replica.listeners:
+            _report(listener, g, len(batch.new_nodes), edges)
 
     def compact(self) -> None:
-        """Defragment the adjacency: copy with writers paused, swap under a brief write lock."""
+        """Defragment the adjacency, one copy at a time; readers keep running."""
+
+        def compact(replica: GraphReplica) -> None:
+            replica.graph.install_compacted(replica.graph.compacted())
+
         with self._writer:
-            parts = self.graph.compacted()  # readers keep running on the current arrays
-            self._lock.acquire_write()
-            try:
-                self.graph.install_compacted(parts)
-            finally:
-                self._lock.release_write()
+            self._replicas.write(compact, lambda replica: None)
 
     def _compact_loop(self) -> None:
         while not self._stop.wait(1.0):

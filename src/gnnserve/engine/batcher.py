@@ -47,6 +47,7 @@ class Batch:
     fanouts: tuple[int, ...] | None = None  # every ticket's fanouts (None = default)
     rng_seed: int | None = None  # every ticket's sampling seed (None: fresh draws)
     graph_version: str = ""  # version the batch reads, pinned from sampling until fetched
+    read_pin: object = None  # that pin, handed from the sample thread to the fetch thread
     subgraph: SampledSubgraph | None = None  # set by the sample stage
     minibatch: MiniBatch | None = None  # set by the fetch stage
     stage_ms: dict[str, float] = field(default_factory=dict)  # per-stage wall time, ms

@@ -116,6 +116,7 @@ class LocalExecutor(Executor):
                 fail_batch(batch, exc)
                 release(batch)
                 continue
+            batch.read_pin = graph.detach_read()  # the fetch thread reads and releases it
             batch.stage_ms["sample"] = (time.perf_counter() - start) * 1e3
             outbox.put(batch)
         outbox.put(STOP)
@@ -123,6 +124,7 @@ class LocalExecutor(Executor):
     def _fetch(self, batch: Batch) -> None:
         assert batch.subgraph is not None
         graph = self.context.graph
+        graph.attach_read(batch.read_pin)
         try:
             drop_expired(batch)  # 504 for requests past their deadline; none left: skip
             ids = batch.subgraph.input_nodes

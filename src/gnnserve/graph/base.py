@@ -19,7 +19,8 @@ class GraphStore(abc.ABC):
     Node v's in-neighbours are ``indices[row_start[v] : row_start[v] + degree[v]]`` of
     ``adjacency()``: a static CSR and a dynamic store with slack share that view, so every kernel
     reads both. Subclasses implement ``_adjacency``; public methods check node ids.
-    Readers of a mutable store bracket their reads with ``acquire_read``/``release_read``.
+    Readers of a mutable store bracket their reads with ``acquire_read``/``release_read`` (in
+    one thread, or handed over with ``detach_read``/``attach_read``).
     """
 
     def __init__(self, meta: layout.StoreMeta) -> None:
@@ -66,6 +67,14 @@ class GraphStore(abc.ABC):
 
     def release_read(self) -> None:  # noqa: B027 - deliberately a no-op for immutable stores
         """End a read started with ``acquire_read``."""
+
+    def detach_read(self) -> object:
+        """Hand this thread's pinned read to another thread (``attach_read`` there); the read
+        stays pinned. A no-op on immutable stores."""
+        return None
+
+    def attach_read(self, pin: object) -> None:  # noqa: B027 - deliberately a no-op
+        """Take over a read ``detach_read`` handed off, in this thread."""
 
     def check_nodes(self, nodes: np.ndarray, field: str = "nodes") -> np.ndarray:
         """Return ``nodes`` as int64 after checking they are valid ids of this graph."""

@@ -12,11 +12,19 @@ subscription order:
    added) or :data:`DELETE` (one such edge removed; it existed), int64 arrays of equal length.
    ``neighbors_of(v)`` returns v's in-neighbours (int64, a copy) after the WHOLE batch.
 
-Both calls come after the graph and the features applied the whole batch, under the store's
-writer lock: no reader runs and no other batch starts until every listener returned. Calls
-for one batch are never interleaved with another batch's. A listener must not raise: the batch
-is already durable and applied, so an exception leaves that listener (and the ones after it)
-behind the graph; it reaches the writer that sent the batch. The arrays belong to the store:
+Both calls come after the graph and the features applied the whole batch, before any reader
+can pin the batch's version; no other batch starts until every listener returned. Calls for one
+batch are never interleaved with another batch's.
+
+A listener whose state readers read while batches arrive (the pre-sampler) is a
+:class:`ReplicatedListener`: the store keeps one copy of it beside each copy of the graph
+(``dynamic.leftright``), calls each copy as that graph copy applies a batch (so twice per batch,
+before the plain listeners are called once), and tells the subscribed object, through
+``follow``, which copy the calling thread's pinned version reads.
+
+A listener must not raise: the batch is already durable and applied, so an exception leaves
+that listener (and the ones after it) behind the graph; it reaches the writer that sent the
+batch. The arrays belong to the store:
 read them, do not keep or modify them.
 """
 
@@ -44,3 +52,14 @@ class UpdateListener(Protocol):
         self, kinds: np.ndarray, srcs: np.ndarray, dsts: np.ndarray, neighbors_of: NeighborsOf
     ) -> None:
         """Edge events of one batch, in order (kinds INSERT / DELETE)."""
+
+
+@runtime_checkable
+class ReplicatedListener(UpdateListener, Protocol):
+    """An UpdateListener that readers read: one copy per copy of the graph (module docstring)."""
+
+    def clone(self) -> ReplicatedListener:
+        """An independent copy in the same state, which reads only itself."""
+
+    def follow(self, current: Callable[[], ReplicatedListener]) -> None:
+        """Serve reads from ``current()``: the copy of the calling thread's pinned version."""

@@ -34,14 +34,19 @@ exactly the reservoirs of a single ``PreSampler`` fed the same event sequence.
 graph (``DynamicStore.subscribe``, which the engine does), it receives every applied batch.
 
 Threading: concurrent ``sample`` calls are safe (read-only, own scratch map each); callers
-serialise updates (``on_*``, ``apply_events``) against each other and against ``sample`` (the
-dynamic store calls its listeners under its writer lock). ``neighbors_of`` must not raise: a
-failed batch is left half applied.
+serialise updates (``on_*``, ``apply_events``) against each other and against ``sample``. A
+dynamic store does so by keeping one copy per copy of its graph (a ``ReplicatedListener``:
+``clone``, ``follow``): reads go to the copy of the reader's pinned version, updates to a copy
+no reader holds. Per-vertex randomness makes the two copies equal draw for draw.
+``neighbors_of`` must not raise: a failed batch is left half applied.
 """
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import queue
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -120,6 +125,11 @@ class ReservoirTable:
         """Bytes held by the table, counts, degrees and draw counters (at current capacity)."""
         return sum(a.nbytes for a in (self.table, self.counts, self.deg, self.draws))
 
+    def clone(self) -> ReservoirTable:
+        """An independent copy of every array."""
+        arrays = ("table", "counts", "deg", "draws")
+        return dataclasses.replace(self, **{a: getattr(self, a).copy() for a in arrays})
+
     def grow(self, rows: int) -> None:
         """Make room for at least ``rows`` rows (doubling); new rows are empty."""
         while self.table.shape[0] < rows:
@@ -194,18 +204,35 @@ class PreSampler:
         gids = np.arange(self._n, dtype=np.int64)
         self._res = ReservoirTable.build(indptr, indices, gids, self.queries, seed)
         self._scratch: queue.SimpleQueue[np.ndarray] = queue.SimpleQueue()
+        self._current: Callable[[], PreSampler] | None = None  # set by ``follow``
+
+    def clone(self) -> PreSampler:
+        """ReplicatedListener: an independent copy in the same state, reading only itself."""
+        twin = copy.copy(self)
+        twin._res = self._res.clone()
+        twin._scratch = queue.SimpleQueue()
+        twin._current = None
+        return twin
+
+    def follow(self, current: Callable[[], PreSampler]) -> None:  # type: ignore[override]
+        """ReplicatedListener: serve reads from ``current()`` (the reader's pinned copy)."""
+        self._current = current
+
+    def _reading(self) -> PreSampler:
+        return self if self._current is None else self._current()
 
     @property
     def num_nodes(self) -> int:
-        """Number of vertices N (ids 0 .. N-1)."""
-        return self._n
+        """Number of vertices N (ids 0 .. N-1) at the version read."""
+        return self._reading()._n
 
     def reservoir(self, v: int, hop: int) -> np.ndarray:
         """Copy of v's current reservoir for hop ``hop`` (int64, min(fanout, degree) entries)."""
-        v = int(check_node_ids(np.array([v]), self._n, "v")[0])
+        me = self._reading()
+        v = int(check_node_ids(np.array([v]), me._n, "v")[0])
         if not 0 <= hop < len(self.fanouts):
             raise InvalidInputError(f"hop {hop} outside [0, {len(self.fanouts)})", "hop")
-        return self._res.row(v, int(self.hop_query[hop]))
+        return me._res.row(v, int(self.hop_query[hop]))
 
     def on_add_node(self) -> int:
         """Register a new vertex (id = old num_nodes) with empty reservoirs; returns its id."""
@@ -280,22 +307,24 @@ class PreSampler:
         local ids shared across blocks, blocks input layer first. Checks ``seeds``
         (InvalidInputError naming them), then :meth:`sample_valid`.
         """
-        seeds = check_node_ids(seeds, self._n, "seeds")
+        me = self._reading()
+        seeds = check_node_ids(seeds, me._n, "seeds")
         if seeds.size == 0:
             raise InvalidInputError("seeds must not be empty", "seeds")
-        return self.sample_valid(seeds)
+        return me.sample_valid(seeds)
 
     def sample_valid(self, seeds: np.ndarray) -> SampledSubgraph:
         """:meth:`sample` for seeds already validated (int64 ids of this graph, at least one:
         a batch of admitted requests), without checking them again."""
-        local_id = self._borrow_map()
-        res = self._res
+        me = self._reading()
+        local_id = me._borrow_map()
+        res = me._res
         try:
             out = pk.assemble(
                 res.table, res.counts, res.cols, self.hop_query, seeds, local_id, _IDENTITY
             )
         finally:
-            self._scratch.put(local_id)
+            me._scratch.put(local_id)
         from gnnserve.sampling.sampler import to_subgraph  # torch: imported on first sample
 
         return to_subgraph(out, len(self.fanouts))

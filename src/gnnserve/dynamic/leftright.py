@@ -1,0 +1,142 @@
+"""Left-right replication: readers pin a version without ever waiting for a writer.
+
+The changing graph (and its features) is kept twice. Readers use the *active* copy; the writer
+changes the *spare* one, publishes it by flipping which copy is active, waits until the readers
+that pinned the old copy before the flip have released it, then repeats the change on the old
+copy, which becomes the next spare (Ramalhete and Correia's left-right pattern; DGS's
+double-buffered reservoirs are the same idea for samples). A reader's only synchronisation is a
+counter update under a mutex that no one holds for longer than that update.
+
+Why this and not copy-on-write segments: the sampling kernels read flat ``(start, degree, cols)``
+arrays that a batch changes in place; left-right keeps those kernels unchanged and a batch costs
+its own size twice, whereas copy-on-write of flat arrays costs the graph's size per batch (or
+version-aware kernels). The price is memory (two copies of the adjacency and feature rows) and
+the writer's time (each batch applied twice; the second time only after the old readers left).
+
+A reader's pinned copy is attached to its thread (``enter``/``leave``), so every read the thread
+makes goes to the copy of the version it pinned; a pin may be handed to another thread
+(``detach`` then ``attach``), as the engine's sampling stage hands a batch to its fetch stage.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Generic, Protocol, TypeVar
+
+
+class Replica(Protocol):
+    """One copy of the replicated state."""
+
+    def clone(self) -> Replica:
+        """An independent copy equal in content and in the order of every row."""
+
+
+R = TypeVar("R", bound=Replica)
+
+
+@dataclass(frozen=True)
+class ReadPin:
+    """A pinned copy, handed from the thread that pinned it to the one that releases it."""
+
+    side: int
+
+
+class LeftRight(Generic[R]):
+    """Two replicas: readers on the active one, the writer on the spare (see module docstring).
+
+    Writers must be serialised by the caller (one ``write`` at a time).
+    """
+
+    def __init__(self, replica: R) -> None:
+        """Start from ``replica`` (it becomes the active copy; the spare is its clone)."""
+        self._sides: list[R] = [replica, replica.clone()]  # type: ignore[list-item]
+        self._active = 0
+        self._readers = [0, 0]
+        self._cond = threading.Condition()
+        self._local = threading.local()
+        self.flips = 0  # published writes, for tests and metrics
+
+    @property
+    def active(self) -> R:
+        """The copy new readers pin."""
+        return self._sides[self._active]
+
+    def both(self) -> tuple[R, R]:
+        """(active, spare), for a writer adding state to both between writes."""
+        return self._sides[self._active], self._sides[1 - self._active]
+
+    def readers(self) -> tuple[int, int]:
+        """Pinned readers of (active copy, spare copy)."""
+        with self._cond:
+            return self._readers[self._active], self._readers[1 - self._active]
+
+    # readers -------------------------------------------------------------------------------
+    def enter(self) -> R:
+        """Pin the active copy and attach it to this thread; returns it."""
+        with self._cond:
+            side = self._active
+            self._readers[side] += 1
+        self._stack().append(side)
+        return self._sides[side]
+
+    def leave(self) -> None:
+        """Release the pin attached last to this thread."""
+        stack = self._stack()
+        if not stack:
+            raise RuntimeError("release_read without a read attached to this thread")
+        side = stack.pop()
+        with self._cond:
+            self._readers[side] -= 1
+            if self._readers[side] == 0:
+                self._cond.notify_all()
+
+    def detach(self) -> ReadPin:
+        """Take the last pin off this thread, still held, to ``attach`` it in another."""
+        stack = self._stack()
+        if not stack:
+            raise RuntimeError("detach_read without a read attached to this thread")
+        return ReadPin(stack.pop())
+
+    def attach(self, pin: ReadPin) -> None:
+        """Attach a pin ``detach`` took off another thread to this one."""
+        self._stack().append(pin.side)
+
+    def reading(self) -> R:
+        """The copy this thread reads: its pinned one, or the active one when it holds none
+        (an unpinned read sees a consistent copy only if no batch is published meanwhile)."""
+        stack = self._stack()
+        return self._sides[stack[-1] if stack else self._active]
+
+    def _stack(self) -> list[int]:
+        stack: list[int] | None = getattr(self._local, "stack", None)
+        if stack is None:
+            stack = self._local.stack = []
+        return stack
+
+    # the writer ----------------------------------------------------------------------------
+    def write(self, change: Callable[[R], None], before_publish: Callable[[R], None]) -> None:
+        """Apply ``change`` to both copies, publishing it in between.
+
+        ``before_publish(changed copy)`` runs after the first application, before any reader
+        can see it. A failure on the spare leaves readers on the old version (the spare is
+        rebuilt from the active copy); after the flip, the old copy is rebuilt from the new one.
+        """
+        spare = 1 - self._active
+        self._guarded(spare, change, source=self._active)
+        before_publish(self._sides[spare])
+        with self._cond:
+            self._active = spare
+            self.flips += 1
+            old = 1 - spare
+            while self._readers[old]:
+                self._cond.wait()
+        self._guarded(old, change, source=spare)
+
+    def _guarded(self, side: int, change: Callable[[R], None], source: int) -> None:
+        try:
+            change(self._sides[side])
+        except BaseException:
+            self._sides[side] = self._sides[source].clone()  # type: ignore[assignment]
+            raise
