@@ -71,20 +71,12 @@ def test_a_pinned_read_holds_its_version_and_does_not_hold_back_new_readers(
     view = store.view
     old = view.acquire_read()
     before = view.neighbors(2).tolist()
-    applied = threading.Event()
-    writer = threading.Thread(
-        target=lambda: (store.apply([{"op": "add_edge", "src": 1, "dst": 2}]), applied.set()),
-        daemon=True,
-    )
-    writer.start()
+    store.apply([{"op": "add_edge", "src": 1, "dst": 2}])  # published: acknowledged
     newer: list[tuple[str, list[int]]] = []
 
     def read_new() -> None:  # a reader arriving now gets the new version without waiting
-        while not newer:
-            version = view.acquire_read()
-            if version != old:
-                newer.append((version, view.neighbors(2).tolist()))
-            view.release_read()
+        newer.append((view.acquire_read(), view.neighbors(2).tolist()))
+        view.release_read()
 
     reader = threading.Thread(target=read_new, daemon=True)
     reader.start()
@@ -92,7 +84,14 @@ def test_a_pinned_read_holds_its_version_and_does_not_hold_back_new_readers(
     assert newer and newer[0][0] == f"{store.graph.meta.checksum}.1"
     assert sorted(newer[0][1]) == sorted([*before, 1])
     assert view.version == old and view.neighbors(2).tolist() == before  # the pinned one
-    assert not applied.is_set(), "the writer reused a copy a reader still held"
+    applied = threading.Event()
+    writer = threading.Thread(
+        target=lambda: (store.apply([{"op": "add_edge", "src": 7, "dst": 2}]), applied.set()),
+        daemon=True,
+    )
+    writer.start()  # the next batch needs the copy the pinned reader holds
+    assert not applied.wait(0.2), "the writer changed a copy a reader still held"
+    assert view.neighbors(2).tolist() == before
     pin = view.detach_read()  # hand the read to another thread, as the engine's stages do
     seen: list[list[int]] = []
 
@@ -102,10 +101,11 @@ def test_a_pinned_read_holds_its_version_and_does_not_hold_back_new_readers(
         view.release_read()
 
     threading.Thread(target=finish, daemon=True).start()
-    assert applied.wait(5)  # the writer finished once the last old reader left
+    assert applied.wait(5)  # the writer went on once the last old reader left
     writer.join(5)
     assert seen == [before]
-    assert view.acquire_read() == store.graph.version
+    assert view.acquire_read() == store.graph.version == f"{store.graph.meta.checksum}.2"
+    assert sorted(view.neighbors(2).tolist()) == sorted([*before, 1, 7])
     view.release_read()
     store.close()
 

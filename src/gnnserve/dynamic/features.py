@@ -50,10 +50,20 @@ class DynamicFeatures(FeatureStore):
 
     def append(self, values: list[float]) -> int:
         """Add a row for a new node; returns its id."""
-        if self._n == self._table.shape[0]:
-            grown = np.empty((2 * self._n, self.dim), dtype=np.float32)
+        self.append_rows(np.asarray(values, dtype=np.float32).reshape(1, self.dim))
+        return self._n - 1
+
+    def append_rows(self, rows: np.ndarray) -> None:
+        """Add rows (float32 [k, F]) for k new nodes, ids N .. N + k - 1."""
+        k = rows.shape[0]
+        if self._n + k > self._table.shape[0]:
+            grown = np.empty((max(2 * self._n, self._n + k), self.dim), dtype=np.float32)
             grown[: self._n] = self._table[: self._n]
             self._table = grown
-        self._table[self._n] = values
-        self._n += 1
-        return self._n - 1
+        self._table[self._n : self._n + k] = rows
+        self._n += k
+
+    def upsert_rows(self, nodes: np.ndarray, rows: np.ndarray) -> None:
+        """Replace the rows of ``nodes`` (in order: a node given twice keeps its last row)."""
+        last = nodes.size - 1 - np.unique(nodes[::-1], return_index=True)[1]
+        self._table[nodes[last]] = rows[last]

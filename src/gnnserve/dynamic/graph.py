@@ -50,6 +50,14 @@ def _count(start, degree, cols, u, v):  # type: ignore[no-untyped-def]
 
 
 @numba.njit(nogil=True, cache=True)
+def _count_many(start, degree, cols, us, vs):  # type: ignore[no-untyped-def]
+    out = np.empty(us.shape[0], dtype=np.int64)
+    for i in range(us.shape[0]):
+        out[i] = _count(start, degree, cols, us[i], vs[i])
+    return out
+
+
+@numba.njit(nogil=True, cache=True)
 def _compact(start, degree, cols, n, slack_div):  # type: ignore[no-untyped-def]
     """Copy the first n segments to fresh arrays, capacity degree + 2 + degree // slack_div."""
     new_start = np.empty(start.shape[0], dtype=np.int64)
@@ -135,6 +143,10 @@ class DynamicGraph(GraphStore):
         """Number of u -> v edges now."""
         return int(_count(self.start, self.degree, self.cols, u, v))
 
+    def count_edges_many(self, us: np.ndarray, vs: np.ndarray) -> np.ndarray:
+        """Number of us[i] -> vs[i] edges now (int64 arrays of existing node ids)."""
+        return _count_many(self.start, self.degree, self.cols, us, vs)  # type: ignore[no-any-return]
+
     def fragmentation(self) -> float:
         """Share of ``cols`` not holding a live edge (holes and slack)."""
         return 1.0 - self._m / max(self.used, 1)
@@ -155,16 +167,20 @@ class DynamicGraph(GraphStore):
 
     def add_node(self) -> int:
         """A new node without edges; returns its id."""
-        if self._n == self.start.shape[0]:
-            grow = self.start.shape[0]
+        return self.add_nodes(1)[0]
+
+    def add_nodes(self, count: int) -> range:
+        """``count`` new nodes without edges; returns their ids."""
+        if self._n + count > self.start.shape[0]:
+            grow = max(self.start.shape[0], self._n + count - self.start.shape[0])
             self.start = np.concatenate([self.start, np.zeros(grow, np.int64)])
             self.degree = np.concatenate([self.degree, np.zeros(grow, np.int64)])
             self.capacity = np.concatenate([self.capacity, np.zeros(grow, np.int64)])
             self.loops = np.concatenate([self.loops, np.zeros(grow, np.int64)])
             self._arrays = (self.start, self.degree, self.cols)
-        self.start[self._n] = self.used  # empty segment: the first insert moves it
-        self._n += 1
-        return self._n - 1
+        self.start[self._n : self._n + count] = self.used  # empty: the first insert moves it
+        self._n += count
+        return range(self._n - count, self._n)
 
     def compacted(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
         """A defragmented copy (start, capacity, cols, used); run with writers excluded."""

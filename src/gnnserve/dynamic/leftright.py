@@ -4,8 +4,11 @@ The changing graph (and its features) is kept twice. Readers use the *active* co
 changes the *spare* one, publishes it by flipping which copy is active, waits until the readers
 that pinned the old copy before the flip have released it, then repeats the change on the old
 copy, which becomes the next spare (Ramalhete and Correia's left-right pattern; DGS's
-double-buffered reservoirs are the same idea for samples). A reader's only synchronisation is a
-counter update under a mutex that no one holds for longer than that update.
+double-buffered reservoirs are the same idea for samples). That second application runs in a
+background thread, so a batch is acknowledged once it is published, and the catch-up overlaps
+the next batch's parsing and logging; the next batch waits for it before it changes that copy.
+A reader's only synchronisation is a counter update under a mutex that no one holds for longer
+than that update.
 
 Why this and not copy-on-write segments: the sampling kernels read flat ``(start, degree, cols)``
 arrays that a batch changes in place; left-right keeps those kernels unchanged and a batch costs
@@ -20,10 +23,14 @@ makes goes to the copy of the version it pinned; a pin may be handed to another 
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
+
+log = logging.getLogger(__name__)
 
 
 class Replica(Protocol):
@@ -46,7 +53,7 @@ class ReadPin:
 class LeftRight(Generic[R]):
     """Two replicas: readers on the active one, the writer on the spare (see module docstring).
 
-    Writers must be serialised by the caller (one ``write`` at a time).
+    Writers must be serialised by the caller (one ``write`` at a time); ``close`` when done.
     """
 
     def __init__(self, replica: R) -> None:
@@ -57,6 +64,8 @@ class LeftRight(Generic[R]):
         self._cond = threading.Condition()
         self._local = threading.local()
         self.flips = 0  # published writes, for tests and metrics
+        self._background = ThreadPoolExecutor(1, thread_name_prefix="left-right")
+        self._catching_up: Future[None] | None = None
 
     @property
     def active(self) -> R:
@@ -64,7 +73,8 @@ class LeftRight(Generic[R]):
         return self._sides[self._active]
 
     def both(self) -> tuple[R, R]:
-        """(active, spare), for a writer adding state to both between writes."""
+        """(active, spare), both at the same version: for a writer adding state to both."""
+        self.settle()
         return self._sides[self._active], self._sides[1 - self._active]
 
     def readers(self) -> tuple[int, int]:
@@ -120,19 +130,42 @@ class LeftRight(Generic[R]):
         """Apply ``change`` to both copies, publishing it in between.
 
         ``before_publish(changed copy)`` runs after the first application, before any reader
-        can see it. A failure on the spare leaves readers on the old version (the spare is
-        rebuilt from the active copy); after the flip, the old copy is rebuilt from the new one.
+        can see it. The second application (to the copy the old readers still hold) runs in
+        the background once they leave; the next ``write`` (or ``settle``) waits for it. A
+        failure on the spare leaves readers on the old version (the spare is rebuilt from the
+        active copy); a failure in the background rebuilds the old copy from the new one.
         """
+        self.settle()
         spare = 1 - self._active
         self._guarded(spare, change, source=self._active)
         before_publish(self._sides[spare])
         with self._cond:
             self._active = spare
             self.flips += 1
-            old = 1 - spare
+        self._catching_up = self._background.submit(self._catch_up, 1 - spare, change)
+
+    def settle(self, timeout_s: float | None = None) -> None:
+        """Wait until both copies hold the last published version (the catch-up is done)."""
+        pending, self._catching_up = self._catching_up, None
+        if pending is not None:
+            pending.result(timeout_s)
+
+    def close(self, timeout_s: float = 30.0) -> None:
+        """Finish the catch-up (a reader that never releases its pin holds it) and stop."""
+        try:
+            self.settle(timeout_s)
+        except TimeoutError:
+            log.warning("left-right: a reader still holds the old copy; not waiting for it")
+        self._background.shutdown(wait=False)
+
+    def _catch_up(self, old: int, change: Callable[[R], None]) -> None:
+        with self._cond:
             while self._readers[old]:
                 self._cond.wait()
-        self._guarded(old, change, source=spare)
+        try:
+            self._guarded(old, change, source=1 - old)
+        except BaseException:
+            log.exception("left-right: the copy behind was rebuilt from the current one")
 
     def _guarded(self, side: int, change: Callable[[R], None], source: int) -> None:
         try:

@@ -25,10 +25,13 @@ from typing import Any
 
 import numpy as np
 
+from gnnserve.dynamic import columns
+from gnnserve.dynamic.columns import ColumnBatch
 from gnnserve.dynamic.features import DynamicFeatures
 from gnnserve.dynamic.graph import DynamicGraph
 from gnnserve.dynamic.leftright import LeftRight
-from gnnserve.dynamic.updates import ParsedBatch, UpdateRejectedError, parse_batch
+from gnnserve.dynamic.records import Ops
+from gnnserve.dynamic.updates import UpdateRejectedError, parse_batch
 from gnnserve.dynamic.view import GraphReplica, VersionedFeatures, VersionedGraph
 from gnnserve.dynamic.wal import FsyncPolicy, UpdateLog, replay
 from gnnserve.errors import InvalidInputError, ReadOnlyStoreError, StoreFormatError
@@ -51,17 +54,6 @@ class InvalidLoggedBatchError(StoreFormatError):
     def __init__(self, message: str, seq: int) -> None:
         super().__init__(message, "wal")
         self.seq = seq
-
-
-def _edge_arrays(batch: ParsedBatch) -> EdgeArrays | None:
-    """The batch's edge operations, in order, as arrays for the kernels (None when none)."""
-    edges = [op for op in batch.ops if op["op"] in ("add_edge", "delete_edge")]
-    if not edges:
-        return None
-    inserts = np.array([op["op"] == "add_edge" for op in edges], dtype=np.bool_)
-    srcs = np.array([op["src"] for op in edges], dtype=np.int64)
-    dsts = np.array([op["dst"] for op in edges], dtype=np.int64)
-    return inserts, srcs, dsts
 
 
 def _report(
@@ -174,7 +166,7 @@ class DynamicStore:
                         "wal",
                     )
                 continue
-            self._change(self._latest, self._replayed_batch(path, seq, ops), seq)
+            self._change(self._latest, self._replayed_batch(path, seq, ops), seq)  # one copy yet
             applied += 1
         if applied:
             log.info(
@@ -182,19 +174,22 @@ class DynamicStore:
             )
         return applied
 
-    def _replayed_batch(self, path: str | Path, seq: int, ops: Any) -> ParsedBatch:
+    def _replayed_batch(self, path: str | Path, seq: int, ops: Ops) -> ColumnBatch:
         """A logged batch, validated as the update API validates it; StoreFormatError (the log
         left as it is) when the API would refuse it: older versions accepted feature values that
         overflow float32."""
         try:
-            return self._parse(ops)
-        except InvalidInputError as exc:
+            if isinstance(ops, bytes):
+                return self._check(columns.decode(ops))
+            return self._columns(self._parse(ops))
+        except (InvalidInputError, ValueError) as exc:
             errors = exc.errors if isinstance(exc, UpdateRejectedError) else []
+            reason = exc.message if isinstance(exc, InvalidInputError) else str(exc)
             where = f", op {errors[0]['index']}" if errors else ""
             store = self._store_path
             raise InvalidLoggedBatchError(
                 f"update log {path}: the batch with seq {seq}{where} cannot be applied: "
-                f"{errors[0]['message'] if errors else exc.message}. The log was left unchanged; "
+                f"{errors[0]['message'] if errors else reason}. The log was left unchanged; "
                 "the server does not start from a log holding a batch it would refuse. "
                 f"`gnnserve log verify {path} --store {store}` checks every batch; "
                 f"`gnnserve log repair {path} --store {store} --keep-good-prefix` keeps the "
@@ -202,51 +197,77 @@ class DynamicStore:
                 seq,
             ) from None
 
-    def _parse(self, ops: Any) -> ParsedBatch:
+    def _parse(self, ops: Any) -> list[dict[str, Any]]:
+        """Validate JSON operations (``parse_batch``); the normalised operations."""
         g = self.graph
-        return parse_batch(ops, g.num_nodes, self._latest.features.dim, g.count_edges)
+        return parse_batch(ops, g.num_nodes, self._latest.features.dim, g.count_edges).ops
+
+    def _columns(self, ops: list[dict[str, Any]]) -> ColumnBatch:
+        return columns.from_ops(ops, self._latest.features.dim)
+
+    def _check(self, batch: ColumnBatch) -> ColumnBatch:
+        """Validate a columnar batch (``columns.check_columns``); the batch."""
+        g = self.graph
+        columns.check_columns(batch, g.num_nodes, self._latest.features.dim, g.count_edges_many)
+        return batch
 
     def apply(self, ops: Any) -> UpdateResult:
-        """Validate, log durably, apply; UpdateRejectedError (nothing applied) when invalid."""
+        """Validate JSON operations, log them durably, apply them; UpdateRejectedError (nothing
+        applied) when invalid."""
         with self._writer:
-            batch = self._parse(ops)
-            seq = self.graph.seq + 1
-            if self.log is None:
-                raise ReadOnlyStoreError("this store was opened read-only", "ops")
-            self.log.append(seq, batch.ops)
-            self._apply(batch, seq)
-            return UpdateResult(self.graph.version, seq, batch.new_nodes, len(batch.ops))
+            parsed = self._parse(ops)
+            seq = self._next_seq()
+            self.log.append(seq, parsed)  # type: ignore[union-attr]
+            return self._apply(self._columns(parsed), seq)
 
-    def _apply(self, batch: ParsedBatch, seq: int) -> None:
+    def apply_columns(self, batch: ColumnBatch) -> UpdateResult:
+        """Validate a columnar batch (bulk ingestion), log it as one binary record, apply it."""
+        with self._writer:
+            self._check(batch)
+            seq = self._next_seq()
+            self.log.append_frame(seq, columns.encode(batch))  # type: ignore[union-attr]
+            return self._apply(batch, seq)
+
+    def _next_seq(self) -> int:
+        if self.log is None:
+            raise ReadOnlyStoreError("this store was opened read-only", "ops")
+        return self.graph.seq + 1
+
+    def _apply(self, batch: ColumnBatch, seq: int) -> UpdateResult:
         """Apply to the spare copy, report to the listeners, publish, apply to the other."""
-        edges = _edge_arrays(batch)  # once, for both copies
+        edges = batch.edge_events()  # once, for both copies
+        added = len(batch.feature_rows) - int(np.count_nonzero(batch.op == columns.UPSERT))
+        first = self.graph.num_nodes
 
         def published(replica: GraphReplica) -> None:
             self._latest = replica
             for listener in self._listeners:  # before readers can pin the batch's version
-                _report(listener, replica.graph, len(batch.new_nodes), edges)
+                _report(listener, replica.graph, added, edges)
 
         self._replicas.write(lambda r: self._change(r, batch, seq, edges), published)
+        return UpdateResult(self.graph.version, seq, list(range(first, first + added)), len(batch))
 
     @staticmethod
     def _change(
-        replica: GraphReplica, batch: ParsedBatch, seq: int, edges: EdgeArrays | None = None
+        replica: GraphReplica, batch: ColumnBatch, seq: int, edges: EdgeArrays | None = None
     ) -> None:
         """Apply ``batch`` to one copy that no reader holds, and to its listeners' copies."""
         g, f = replica.graph, replica.features
         if edges is None:
-            edges = _edge_arrays(batch)
-        for op in batch.ops:  # node ops first: edges may use the new ids
-            if op["op"] == "add_node":
-                g.add_node()
-                f.append(op["features"])
-            elif op["op"] == "upsert_features":
-                f.upsert(op["node"], op["features"])
+            edges = batch.edge_events()
+        # node ops first: edges may use the new ids; upserts after the adds they may name
+        kinds = batch.op[batch.feature_rows]
+        adds = kinds == columns.ADD_NODE
+        if adds.any():
+            g.add_nodes(int(np.count_nonzero(adds)))
+            f.append_rows(batch.features[adds])
+        if not adds.all():
+            f.upsert_rows(batch.node[batch.feature_rows[~adds]], batch.features[~adds])
         if edges is not None:
             g.apply_edge_events(*edges)
         g.seq = seq
         for listener in replica.listeners:
-            _report(listener, g, len(batch.new_nodes), edges)
+            _report(listener, g, int(np.count_nonzero(adds)), edges)
 
     def compact(self) -> None:
         """Defragment the adjacency, one copy at a time; readers keep running."""
@@ -265,8 +286,9 @@ class DynamicStore:
                 log.info("compacted adjacency in %.1f ms", (time.perf_counter() - start) * 1e3)
 
     def close(self) -> None:
-        """Stop the compactor and close the log."""
+        """Stop the compactor, finish the copy catching up, close the log."""
         self._stop.set()
         self._compactor.join(5)
+        self._replicas.close()
         if self.log is not None:
             self.log.close()

@@ -1,9 +1,10 @@
 """Append-only update log: an accepted batch of graph updates is durable before it is acknowledged.
 
-One record per batch, one line each: ``<crc32 hex> <json>\\n`` where the JSON holds the batch's
-graph version (its sequence number, "seq") and its operations. The first record is the header,
-seq 0; every later record's seq is the previous one + 1, so a replay applies each batch once and
-a gap means lost data.
+One record per batch: a JSON line ``<crc32 hex> <json>\\n`` holding the batch's graph version
+(its sequence number, "seq") and its operations, or a binary frame (a header with the seq, the
+length and a CRC-32, then the columnar batch) for bulk batches; see ``dynamic.records``. The
+first record is the header, seq 0; every later record's seq is the previous one + 1, so a replay
+applies each batch once and a gap means lost data.
 
 What a crash can leave, and what replay does with it. ``append`` appends one record
 (``O_APPEND``) and, with ``fsync=always``, syncs it before the batch is acknowledged, so only the
@@ -12,8 +13,9 @@ power loss can also leave it zero-filled (the size reached the disk, the data di
 written. (With ``fsync=never`` a power loss can take more than one record; what is left is judged
 by the same rule.) The bytes after the last good record form a **torn tail** when they
 
-- hold no complete valid record, neither at a line start nor inside a damaged line, and
-- hold at most one newline, as their final byte (a single record's worth of damage).
+- hold no complete valid record of either kind, at a record start or inside damaged bytes, and
+- are a single record's worth of damage: the start of one frame (no more bytes than its intact
+  header announces, or less than a header), or else at most one newline, as their final byte.
 
 A torn tail was never acknowledged: replay drops it (truncating the file, unless read-only: a
 reader beside a live writer reads the file as it was when it began, and a record being written
@@ -34,24 +36,32 @@ from __future__ import annotations
 
 import enum
 import fcntl
-import json
 import logging
+import mmap
 import os
-import re
 import threading
-import zlib
 from collections.abc import Generator, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
+from gnnserve.dynamic.records import (
+    FRAME_HEADER,
+    JSON_START,
+    MAGIC,
+    Record,
+    decode_at,
+    decode_frame,
+    encode_frame,
+    encode_record,
+    frame_length,
+)
 from gnnserve.errors import GnnServeError, StoreFormatError
 
 log = logging.getLogger(__name__)
 
-Record = tuple[int, list[dict[str, Any]]]  # (seq, ops)
-_RECORD_START = re.compile(rb'[0-9a-f]{8} \{"version":')  # where an encoded record can begin
+__all__ = ["FsyncPolicy", "LogScan", "UpdateLog", "encode_record", "replay", "scan_log"]
 
 
 class LogInUseError(GnnServeError):
@@ -84,12 +94,27 @@ def locked(path: str | Path) -> Iterator[None]:
         os.close(fd)  # releases the lock
 
 
-def record_offset(path: str | Path, seq: int) -> int:
-    """Byte offset where record ``seq`` of the good prefix starts (records are lines)."""
+@contextmanager
+def _mapped(path: Path) -> Iterator[tuple[Any, int]]:
+    """(read-only mmap of the file as it is now, its size); an empty buffer for an empty file."""
     with open(path, "rb") as fh:
+        size = os.fstat(fh.fileno()).st_size
+        if size == 0:
+            yield b"", 0
+            return
+        with mmap.mmap(fh.fileno(), size, access=mmap.ACCESS_READ) as buf:
+            yield buf, size
+
+
+def record_offset(path: str | Path, seq: int) -> int:
+    """Byte offset where record ``seq`` of the good prefix starts."""
+    with _mapped(Path(path)) as (buf, size):
+        at = 0
         for _ in range(seq):
-            fh.readline()
-        return fh.tell()
+            found = decode_at(buf, at, size)
+            assert found is not None, "record_offset reads the good prefix only"
+            at += found[1]
+        return at
 
 
 class FsyncPolicy(str, enum.Enum):
@@ -97,42 +122,6 @@ class FsyncPolicy(str, enum.Enum):
 
     ALWAYS = "always"  # fsync before every acknowledgement: survives power loss
     NEVER = "never"  # leave it to the OS: survives a process crash (kill -9), not power loss
-
-
-def encode_record(version: int, ops: list[dict[str, Any]]) -> bytes:
-    """One log line for a batch."""
-    payload = json.dumps({"version": version, "ops": ops}, separators=(",", ":")).encode()
-    return b"%08x %s\n" % (zlib.crc32(payload), payload)
-
-
-def _decode_line(line: bytes) -> Record | None:
-    """(seq, ops) of a complete, intact line, or None when it is torn or damaged."""
-    if not line.endswith(b"\n") or len(line) < 10 or line[8:9] != b" ":
-        return None
-    payload = line[9:-1]
-    try:
-        if int(line[:8], 16) != zlib.crc32(payload):
-            return None
-        record = json.loads(payload)
-    except ValueError:
-        return None
-    if not isinstance(record, dict):
-        return None
-    version, ops = record.get("version"), record.get("ops")
-    if type(version) is not int or version < 0 or not isinstance(ops, list):
-        return None
-    return version, ops
-
-
-def _records_in(line: bytes) -> list[int]:
-    """Seqs of the valid records in ``line``: at its start, or starting inside it (a record whose
-    preceding newline was damaged)."""
-    found = []
-    for match in _RECORD_START.finditer(line):
-        record = _decode_line(line[match.start() :])
-        if record is not None:
-            found.append(record[0])
-    return found
 
 
 def _plural(n: int, word: str) -> str:
@@ -183,37 +172,74 @@ class LogScan:
         )
 
 
-def _what_is_wrong(line: bytes) -> str:
-    """Why ``line``, where the next record should start, is not that record."""
-    record = _decode_line(line)
-    if record is not None:
-        return f"a record with seq {record[0]} is there (records missing or out of order)"
-    if not line.endswith(b"\n"):
+def _what_is_wrong(buf: Any, at: int, size: int) -> str:
+    """Why the bytes at ``at``, where the next record should start, are not that record."""
+    found = decode_at(buf, at, size)
+    if found is not None:
+        return f"a record with seq {found[0][0]} is there (records missing or out of order)"
+    if buf[at : at + 1] == MAGIC[:1]:
+        length = frame_length(buf, at)
+        if length is None or at + length > size:
+            return "an incomplete record (a frame shorter than its header)"
+        return "a damaged record (checksum or format)"
+    if buf.find(b"\n", at, size) < 0:
         return "an incomplete record (no line end)"
     return "a damaged record (checksum or format)"
 
 
-def _classify(fh: BinaryIO, good: LogScan, first_bad: bytes) -> LogScan:
+def _records_after(buf: Any, at: int, size: int) -> list[int]:
+    """Seqs of the intact records of either kind starting anywhere in ``buf[at:size]`` (inside
+    damaged bytes too), in file order."""
+    found = []
+    for match in JSON_START.finditer(buf, at, size):
+        record = decode_at(buf, match.start(), size)
+        if record is not None:
+            found.append((match.start(), record[0][0]))
+    p = buf.find(MAGIC, at, size)
+    while p >= 0:
+        frame = decode_frame(memoryview(buf)[:size], p)
+        if frame is not None:
+            found.append((p, frame[0][0]))
+        p = buf.find(MAGIC, p + 1, size)
+    return [seq for _, seq in sorted(found)]
+
+
+def _one_record_of_damage(buf: Any, at: int, size: int) -> bool:
+    """True when the bytes from ``at`` are at most one record's worth (module docstring)."""
+    tail = size - at
+    length = frame_length(buf, at)
+    if length is not None:
+        return tail <= length
+    if tail < len(MAGIC) and buf[at:size] == MAGIC[:tail]:
+        return True  # a frame cut inside its magic
+    if buf[at : at + len(MAGIC)] == MAGIC and tail < FRAME_HEADER.size:
+        return True  # a frame cut inside its header
+    newline = buf.find(b"\n", at, size)
+    return newline < 0 or newline == size - 1
+
+
+def _classify(buf: Any, good: LogScan) -> LogScan:
     """Torn tail or corruption, from the bytes at ``good.good_end`` onwards (see module doc)."""
-    seqs: list[int] = []
-    newlines, line, offset = 0, first_bad, good.good_end
-    while True:
-        seqs += _records_in(line)
-        newlines += line.endswith(b"\n")
-        offset += len(line)
-        if offset >= good.size:
-            break
-        line = fh.readline(good.size - offset)
-    problem = _what_is_wrong(first_bad)
-    if not seqs and (newlines == 0 or (newlines == 1 and line.endswith(b"\n"))):
+    at, size = good.good_end, good.size
+    seqs = _records_after(buf, at, size)
+    problem = _what_is_wrong(buf, at, size)
+    if not seqs and _one_record_of_damage(buf, at, size):
         return replace(good, status="torn", problem=problem)
     if seqs:
         follow = "follows" if len(seqs) == 1 else "follow"
         problem += f"; {_plural(len(seqs), 'valid record')} {follow} it (seq {seqs[0]}"
         problem += f" to {seqs[-1]})" if len(seqs) > 1 else ")"
     else:
-        problem += f"; the damage spans {newlines} lines, more than one final record"
+        lines = _count_newlines(buf, at, size)
+        problem += f"; the damage spans {lines} lines, more than one final record"
     return replace(good, status="corrupt", problem=problem, seqs_after=tuple(seqs))
+
+
+def _count_newlines(buf: Any, at: int, size: int) -> int:
+    count, p = 0, buf.find(b"\n", at, size)
+    while p >= 0:
+        count, p = count + 1, buf.find(b"\n", p + 1, size)
+    return count
 
 
 def _scan(path: Path) -> Generator[Record, None, LogScan]:
@@ -221,16 +247,14 @@ def _scan(path: Path) -> Generator[Record, None, LogScan]:
     when the scan began (a live writer may go on appending)."""
     if not path.exists():
         return LogScan(path, 0, 0, -1, 0, "clean")
-    with open(path, "rb") as fh:
-        size = os.fstat(fh.fileno()).st_size
+    with _mapped(path) as (buf, size):
         seq, end = -1, 0  # the last good record's seq and where it ends
         while end < size:
-            line = fh.readline(size - end)
-            record = _decode_line(line)
-            if record is None or record[0] != seq + 1:
-                return _classify(fh, LogScan(path, size, seq + 1, seq, end, "clean"), line)
-            yield record
-            seq, end = record[0], end + len(line)
+            found = decode_at(buf, end, size)
+            if found is None or found[0][0] != seq + 1:
+                return _classify(buf, LogScan(path, size, seq + 1, seq, end, "clean"))
+            yield found[0]
+            seq, end = found[0][0], end + found[1]
         return LogScan(path, size, seq + 1, seq, end, "clean")
 
 
@@ -302,8 +326,14 @@ class UpdateLog:
         self.bytes_written = 0
 
     def append(self, version: int, ops: list[dict[str, Any]]) -> None:
-        """Write one batch; returns once it is as durable as the policy promises."""
-        data = encode_record(version, ops)
+        """Write one batch as a JSON line; returns once it is as durable as the policy says."""
+        self._write(encode_record(version, ops))
+
+    def append_frame(self, version: int, payload: bytes) -> None:
+        """Write one bulk batch (``columns.encode``) as a binary frame; durable as ``append``."""
+        self._write(encode_frame(version, payload))
+
+    def _write(self, data: bytes) -> None:
         with self._lock:
             view = memoryview(data)
             while view:

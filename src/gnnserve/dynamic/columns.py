@@ -1,0 +1,235 @@
+"""Columnar update batches: a batch of graph updates as arrays, validated without a Python loop.
+
+The bulk form of the operations in ``dynamic.updates`` (same meaning, same order, all or
+nothing): row i is operation i, with
+
+- ``op``: int8 code, :data:`OP_CODES` (0 add_edge, 1 delete_edge, 2 add_node, 3 upsert_features);
+- ``src``, ``dst``: int64 edge endpoints (add_edge, delete_edge);
+- ``node``: int64 node whose features an upsert replaces;
+- ``features``: float32 [rows with features, F], the add_node and upsert rows in row order.
+
+An id a row does not use is ignored; a null where one is needed is :data:`MISSING`.
+
+``check_columns`` validates a batch against the current graph with numpy and one numba pass,
+and reports every invalid row exactly as ``parse_batch`` reports an invalid JSON operation
+(``{"index", "field", "message"}``). JSON batches are turned into columns after ``parse_batch``
+(``from_ops``), so the store applies one form. ``encode``/``decode`` are the payload of a binary
+update-log record (``dynamic.wal``): little-endian arrays behind a small header.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numba
+import numpy as np
+
+from gnnserve.dynamic.updates import OPS, UpdateRejectedError
+from gnnserve.errors import InvalidInputError
+
+OP_CODES = {name: code for code, name in enumerate(OPS)}
+ADD_EDGE, DELETE_EDGE, ADD_NODE, UPSERT = range(4)
+_HEADER = struct.Struct("<II")  # rows, feature width
+MISSING = np.iinfo(np.int64).min  # an id column's null (a bulk reader's missing value)
+
+
+@dataclass
+class ColumnBatch:
+    """One batch of updates as columns (see the module docstring); ``len()`` = operations."""
+
+    op: np.ndarray  # int8 [k]
+    src: np.ndarray  # int64 [k]
+    dst: np.ndarray  # int64 [k]
+    node: np.ndarray  # int64 [k]
+    features: np.ndarray  # float32 [rows with op add_node or upsert_features, F]
+    features_missing: np.ndarray | None = None  # bool [feature rows]: null in the input
+
+    def __len__(self) -> int:
+        return int(self.op.size)
+
+    @property
+    def edge_rows(self) -> np.ndarray:
+        """Indices of the edge operations, in order."""
+        return np.flatnonzero(self.op <= DELETE_EDGE)
+
+    @property
+    def feature_rows(self) -> np.ndarray:
+        """Indices of the operations that carry features (add_node, upsert), in order."""
+        return np.flatnonzero(self.op >= ADD_NODE)
+
+    def edge_events(self) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """(inserts bool, srcs, dsts) of the edge operations in order; None when none."""
+        rows = self.edge_rows
+        if rows.size == 0:
+            return None
+        return self.op[rows] == ADD_EDGE, self.src[rows], self.dst[rows]
+
+
+def from_ops(ops: list[dict[str, Any]], dim: int) -> ColumnBatch:
+    """Columns of a batch already normalised by ``parse_batch``."""
+    k = len(ops)
+    op = np.array([OP_CODES[o["op"]] for o in ops], dtype=np.int8)
+    src = np.array([o.get("src", -1) for o in ops], dtype=np.int64).reshape(k)
+    dst = np.array([o.get("dst", -1) for o in ops], dtype=np.int64).reshape(k)
+    node = np.array([o.get("node", -1) for o in ops], dtype=np.int64).reshape(k)
+    rows = [o["features"] for o in ops if "features" in o]
+    features = np.array(rows, dtype=np.float32).reshape(len(rows), dim)
+    return ColumnBatch(op, src, dst, node, features)
+
+
+def encode(batch: ColumnBatch) -> bytes:
+    """The batch as bytes (header, then op, src, dst, node, features; little-endian)."""
+    parts = [_HEADER.pack(len(batch), batch.features.shape[1])]
+    parts += [np.ascontiguousarray(a, a.dtype.newbyteorder("<")).tobytes() for a in _arrays(batch)]
+    return b"".join(parts)
+
+
+def _arrays(batch: ColumnBatch) -> tuple[np.ndarray, ...]:  # what ``encode`` writes
+    return batch.op, batch.src, batch.dst, batch.node, batch.features
+
+
+def decode(payload: bytes) -> ColumnBatch:
+    """Inverse of ``encode``; ValueError when the bytes do not hold one whole batch."""
+    k, dim = _HEADER.unpack_from(payload)
+    at = _HEADER.size
+    out = []
+    for dtype in ("<i1", "<i8", "<i8", "<i8"):
+        size = k * np.dtype(dtype).itemsize
+        out.append(np.frombuffer(payload, dtype, k, at).astype(dtype[1:]))
+        at += size
+    with_features = int(np.count_nonzero(out[0] >= ADD_NODE))
+    features = np.frombuffer(payload, "<f4", with_features * dim, at).astype(np.float32)
+    if at + features.nbytes != len(payload):
+        raise ValueError("payload length does not match its header")
+    return ColumnBatch(*out, features.reshape(with_features, dim))
+
+
+@numba.njit(cache=True)
+def _failed_deletes(sorted_rows, delta, group_start, base):  # type: ignore[no-untyped-def]
+    """Walk each (src, dst) group's operations in order from its current edge count: a delete
+    that finds no copy fails and, as in ``parse_batch``, changes nothing."""
+    failed = np.zeros(sorted_rows.size, dtype=np.bool_)
+    count = 0
+    for j in range(sorted_rows.size):
+        if group_start[j]:
+            count = base[j]
+        if delta[j] > 0:
+            count += 1
+        elif count > 0:
+            count -= 1
+        else:
+            failed[j] = True
+    return failed
+
+
+EdgeCounts = Callable[[np.ndarray, np.ndarray], np.ndarray]  # (srcs, dsts) -> u -> v counts now
+
+
+def check_columns(
+    batch: ColumnBatch, num_nodes: int, dim: int, edge_counts: EdgeCounts
+) -> list[int]:
+    """Validate ``batch`` against the graph now; returns the ids its add_node rows create.
+
+    Raises UpdateRejectedError listing every invalid row (messages as ``parse_batch``), or
+    InvalidInputError when the batch as a whole is malformed (empty, wrong feature width).
+    """
+    k = len(batch)
+    if k == 0:
+        raise InvalidInputError("ops must be a non-empty list of operations", "ops")
+    if batch.features.ndim == 2 and batch.features.shape[1] == 0:  # no features column
+        batch.features = np.zeros((batch.features.shape[0], dim), np.float32)
+    if batch.features.ndim != 2 or batch.features.shape[1] != dim:
+        width = batch.features.shape[1] if batch.features.ndim == 2 else "?"
+        raise InvalidInputError(
+            f"features must hold {dim} numbers per row, got {width}", "features"
+        )
+    errors: dict[int, str] = {}  # row -> message of its first problem
+    op = batch.op
+    bad_op = (op < 0) | (op > UPSERT)
+    _report(errors, bad_op, lambda i: f"ops[{i}].op must be one of {list(OPS)}")
+    adds = op == ADD_NODE
+    limit = num_nodes + np.cumsum(adds) - adds  # nodes that exist when row i runs
+    edge = (op <= DELETE_EDGE) & ~bad_op
+    for name, column in (("src", batch.src), ("dst", batch.dst)):
+        _check_ids(errors, column, edge, limit, name)
+    _check_ids(errors, batch.node, op == UPSERT, limit, "node")
+    _check_features(errors, batch)
+    _check_deletes(errors, batch, num_nodes, edge_counts)
+    if errors:
+        raise UpdateRejectedError([_entry(i, errors[i]) for i in sorted(errors)])
+    return list(range(num_nodes, num_nodes + int(np.count_nonzero(adds))))
+
+
+def _entry(i: int, message: str) -> dict[str, Any]:
+    """An error in ``parse_batch``'s form: the field is the message's leading path."""
+    return {"index": i, "field": message.split(" ", 1)[0].rstrip(":"), "message": message}
+
+
+def _report(errors: dict[int, str], bad: np.ndarray, say: Callable[[int], str]) -> None:
+    """Record ``say(i)`` for each bad row i that has no problem recorded yet."""
+    for i in np.flatnonzero(bad).tolist():
+        errors.setdefault(i, say(i))
+
+
+def _check_ids(
+    errors: dict[int, str], ids: np.ndarray, used: np.ndarray, limit: np.ndarray, name: str
+) -> None:
+    missing = used & (ids == MISSING)
+    _report(errors, missing, lambda i: f"ops[{i}].{name} must be an integer node id")
+    beyond = used & ~missing & ((ids < 0) | (ids >= limit))
+    _report(
+        errors,
+        beyond,
+        lambda i: f"ops[{i}].{name}: node {ids[i]} does not exist (nodes: {limit[i]})",
+    )
+
+
+def _check_features(errors: dict[int, str], batch: ColumnBatch) -> None:
+    rows = batch.feature_rows
+    if batch.features_missing is not None:
+        width = batch.features.shape[1]
+        _report(
+            errors,
+            np.isin(np.arange(len(batch)), rows[batch.features_missing]),
+            lambda i: f"ops[{i}].features must be a list of {width} numbers, got NoneType",
+        )
+    finite = np.isfinite(batch.features)
+    largest = np.finfo(np.float32).max
+    for j in np.flatnonzero(~finite.all(axis=1)).tolist():
+        col = int(np.argmin(finite[j]))
+        value = float(batch.features[j, col])
+        errors.setdefault(
+            int(rows[j]),
+            f"ops[{int(rows[j])}].features must be finite in float32 (the feature table's type, "
+            f"largest {largest:.7g}): features[{col}] is {value!r:.40}",
+        )
+
+
+def _check_deletes(
+    errors: dict[int, str], batch: ColumnBatch, num_nodes: int, counts: EdgeCounts
+) -> None:
+    """Each delete must find an edge: the graph's copies plus the batch's earlier net adds."""
+    rows = batch.edge_rows
+    if errors:
+        rows = rows[~np.isin(rows, np.fromiter(errors, dtype=np.int64))]
+    if rows.size == 0 or not np.any(batch.op[rows] == DELETE_EDGE):
+        return
+    src, dst = batch.src[rows], batch.dst[rows]
+    order = np.lexsort((rows, dst, src))  # by (src, dst), then in batch order
+    s, d, r = src[order], dst[order], rows[order]
+    start = np.ones(r.size, dtype=np.bool_)
+    start[1:] = (s[1:] != s[:-1]) | (d[1:] != d[:-1])
+    delta = np.where(batch.op[r] == ADD_EDGE, 1, -1)
+    group = np.cumsum(start) - 1
+    deletes = np.zeros(int(group[-1]) + 1, dtype=np.bool_)
+    deletes[group[delta < 0]] = True  # groups with a delete: only their edges are counted
+    base = np.zeros(r.size, dtype=np.int64)
+    old = start & deletes[group] & (s < num_nodes) & (d < num_nodes)  # new nodes: no copy yet
+    base[old] = counts(s[old], d[old])
+    failed = _failed_deletes(r, delta, start, base)
+    for j in np.flatnonzero(failed).tolist():
+        i = int(r[j])
+        errors[i] = f"ops[{i}]: edge {int(s[j])} -> {int(d[j])} does not exist"
