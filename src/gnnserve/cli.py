@@ -435,6 +435,10 @@ COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
         "verify or repair a graph update log (serve --update-log)",
         _module_arguments("gnnserve.dynamic.logtool"),
     ),
+    "ingest": (
+        "stream graph updates from an Arrow or CSV file to a server",
+        _module_arguments("gnnserve.ingest"),
+    ),
     "objstore": (
         "run SeaweedFS (S3 API) on 127.0.0.1 until stopped",
         _with(_objstore_arguments, run_objstore),

@@ -47,9 +47,12 @@ def read_stream(data: bytes) -> ColumnBatch:
     pa = _pyarrow()
     try:
         table = pa.ipc.open_stream(data).read_all()
-    except (pa.ArrowInvalid, OSError) as exc:
+    except (pa.ArrowException, OSError) as exc:
         raise InvalidInputError(f"the body is not an Arrow IPC stream: {exc}", "body") from None
-    return from_table(table)
+    try:
+        return from_table(table)
+    except pa.ArrowException as exc:
+        raise InvalidInputError(f"unreadable update columns: {exc}", "body") from None
 
 
 def from_table(table: pa.Table) -> ColumnBatch:
@@ -64,9 +67,9 @@ def from_table(table: pa.Table) -> ColumnBatch:
         raise InvalidInputError(f"{what}: expected op, src, dst, node, features", "columns")
     k = table.num_rows
     op = _op_codes(pa, table.column("op"))
-    ids = [_ids(pa, table, name, k) for name in ("src", "dst", "node")]
+    src, dst, node = (_ids(pa, table, name, k) for name in ("src", "dst", "node"))
     features, missing = _features(pa, table, op)
-    return ColumnBatch(op, *ids, features, missing)
+    return ColumnBatch(op, src, dst, node, features, missing)
 
 
 def _op_codes(pa: Any, column: Any) -> np.ndarray:
@@ -126,11 +129,12 @@ def to_stream(batch: pa.Table) -> bytes:
     return bytes(sink.getvalue())
 
 
-def read_file(path: str | Path, batch_rows: int) -> Iterator[pa.Table]:
-    """Update rows of an Arrow IPC (stream or file) or CSV file, ``batch_rows`` at a time."""
+def read_file(path: str | Path, batch_rows: int, skip_rows: int = 0) -> Iterator[pa.Table]:
+    """Update rows of an Arrow IPC (stream or file) or CSV file after the first ``skip_rows``,
+    ``batch_rows`` at a time."""
     pa = _pyarrow()
     table = _read_csv(pa, path) if str(path).endswith(".csv") else _read_arrow(pa, path)
-    for lo in range(0, table.num_rows, batch_rows):
+    for lo in range(skip_rows, table.num_rows, batch_rows):
         yield table.slice(lo, batch_rows)
 
 
@@ -149,6 +153,7 @@ def _read_arrow(pa: Any, path: str | Path) -> Any:
 
 
 def _read_csv(pa: Any, path: str | Path) -> Any:
+    import pyarrow.compute as pc
     from pyarrow import csv
 
     try:
@@ -162,5 +167,5 @@ def _read_csv(pa: Any, path: str | Path) -> Any:
     flat = np.stack([table.column(c).to_numpy(zero_copy_only=False) for c in feats], axis=1)
     null = np.isnan(flat).all(axis=1)  # rows with no feature values (edge operations)
     lists = pa.FixedSizeListArray.from_arrays(pa.array(flat.reshape(-1), pa.float64()), len(feats))
-    lists = pa.compute.if_else(pa.array(null), pa.nulls(len(null), lists.type), lists)
+    lists = pc.if_else(pa.array(null), pa.nulls(len(null), lists.type), lists)
     return table.drop_columns(feats).append_column("features", lists)

@@ -93,18 +93,24 @@ def _arrays(batch: ColumnBatch) -> tuple[np.ndarray, ...]:  # what ``encode`` wr
 
 def decode(payload: bytes) -> ColumnBatch:
     """Inverse of ``encode``; ValueError when the bytes do not hold one whole batch."""
+    if len(payload) < _HEADER.size:
+        raise ValueError("payload length is shorter than its header")
     k, dim = _HEADER.unpack_from(payload)
     at = _HEADER.size
-    out = []
-    for dtype in ("<i1", "<i8", "<i8", "<i8"):
-        size = k * np.dtype(dtype).itemsize
-        out.append(np.frombuffer(payload, dtype, k, at).astype(dtype[1:]))
-        at += size
-    with_features = int(np.count_nonzero(out[0] >= ADD_NODE))
-    features = np.frombuffer(payload, "<f4", with_features * dim, at).astype(np.float32)
-    if at + features.nbytes != len(payload):
+    op = np.frombuffer(payload, "<i1", min(k, len(payload) - at), at).astype(np.int8)
+    with_features = int(np.count_nonzero(op >= ADD_NODE))
+    if len(payload) != at + 25 * k + 4 * with_features * dim:
         raise ValueError("payload length does not match its header")
-    return ColumnBatch(*out, features.reshape(with_features, dim))
+    at += k
+    src, dst, node = (np.frombuffer(payload, "<i8", k, at + 8 * k * j) for j in range(3))
+    features = np.frombuffer(payload, "<f4", with_features * dim, at + 24 * k)
+    return ColumnBatch(
+        op,
+        src.astype(np.int64),
+        dst.astype(np.int64),
+        node.astype(np.int64),
+        features.astype(np.float32).reshape(with_features, dim),
+    )
 
 
 @numba.njit(cache=True)
@@ -150,13 +156,15 @@ def check_columns(
     op = batch.op
     bad_op = (op < 0) | (op > UPSERT)
     _report(errors, bad_op, lambda i: f"ops[{i}].op must be one of {list(OPS)}")
+    _check_features(errors, batch)
     adds = op == ADD_NODE
-    limit = num_nodes + np.cumsum(adds) - adds  # nodes that exist when row i runs
+    valid_adds = adds.copy()  # an add_node refused creates no node (as in parse_batch)
+    valid_adds[[i for i in errors if adds[i]]] = False
+    limit = num_nodes + np.cumsum(valid_adds)  # nodes at row i (an add row names no id)
     edge = (op <= DELETE_EDGE) & ~bad_op
     for name, column in (("src", batch.src), ("dst", batch.dst)):
         _check_ids(errors, column, edge, limit, name)
     _check_ids(errors, batch.node, op == UPSERT, limit, "node")
-    _check_features(errors, batch)
     _check_deletes(errors, batch, num_nodes, edge_counts)
     if errors:
         raise UpdateRejectedError([_entry(i, errors[i]) for i in sorted(errors)])

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from gnnserve.config import ServeConfig
+from gnnserve.dynamic import bulk
 from gnnserve.dynamic.store import DynamicStore, UpdateResult
 from gnnserve.embeddings.base import EmbeddingStore
 from gnnserve.engine.admission import Admission
@@ -305,9 +306,17 @@ class Engine:
 
     def apply_updates(self, ops: object) -> UpdateResult:
         """Apply a batch of graph updates (durable before it returns); see dynamic.updates."""
+        return self._store().apply(ops)
+
+    def apply_bulk_updates(self, stream: bytes) -> UpdateResult:
+        """Apply one batch sent as an Arrow IPC stream (``dynamic.bulk``), durably."""
+        store = self._store()
+        return store.apply_columns(bulk.read_stream(stream))
+
+    def _store(self) -> DynamicStore:
         if self.updates is None:
             raise ReadOnlyStoreError("this store is read-only: serve it with an update log", "ops")
-        return self.updates.apply(ops)
+        return self.updates
 
     @property
     def queue_depth(self) -> int:

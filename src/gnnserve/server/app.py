@@ -21,6 +21,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from gnnserve.dynamic.bulk import ARROW_STREAM
 from gnnserve.engine.engine import Engine
 from gnnserve.engine.placement import tier_stats
 from gnnserve.errors import (
@@ -36,6 +37,7 @@ from gnnserve.server.counting import CountRequests, RequestCounts
 from gnnserve.server.limits import (
     BodyLimit,
     JsonBodyRoute,
+    accepts_raw,
     default_body_limit,
     error_json,
     retry_headers,
@@ -53,6 +55,10 @@ from gnnserve.server.shedding import SheddingMiddleware
 from gnnserve.types import Result
 
 log = logging.getLogger(__name__)
+
+ARROW_UPDATES_BODY = {  # the second body type of POST /v1/graph/updates, for the OpenAPI schema
+    "requestBody": {"content": {ARROW_STREAM: {"schema": {"type": "string", "format": "binary"}}}}
+}
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorResponse} for code in (400, 401, 403, 404, 409, 413, 429, 500, 503, 504)
@@ -242,9 +248,23 @@ def create_app(
         metrics.request_latency.labels(endpoint).observe(time.perf_counter() - start)
         return JSONResponse(result_json(model_name, result))
 
-    @app.post("/v1/graph/updates", response_model=UpdatesResponse, responses=_ERRORS)
+    async def bulk_updates(raw: bytes) -> JSONResponse:
+        """The same, sent as an Arrow IPC stream (``dynamic.bulk``): one all-or-nothing batch."""
+        result = await asyncio.to_thread(engine.apply_bulk_updates, raw)
+        metrics.requests.labels("updates").inc()
+        return JSONResponse(dataclasses.asdict(result))
+
+    @app.post(
+        "/v1/graph/updates",
+        response_model=UpdatesResponse,
+        responses=_ERRORS,
+        openapi_extra=ARROW_UPDATES_BODY,
+    )
+    @accepts_raw(ARROW_STREAM, bulk_updates)
     async def updates(body: UpdatesRequest) -> JSONResponse:
-        """Apply graph updates; acknowledged once durable in the update log."""
+        """Apply graph updates; acknowledged once durable in the update log. Send JSON, or an
+        Arrow IPC stream (Content-Type: application/vnd.apache.arrow.stream) with columns op,
+        src, dst, node, features for bulk ingestion."""
         result = await asyncio.to_thread(engine.apply_updates, body.ops)
         metrics.requests.labels("updates").inc()
         return JSONResponse(dataclasses.asdict(result))

@@ -177,6 +177,28 @@ def _is_json(content_type: str | None) -> bool:
     )
 
 
+def _media_type(content_type: str | None) -> str:
+    return (content_type or "").split(";", 1)[0].strip().lower()
+
+
+RawBodyHandler = Callable[[bytes], Coroutine[Any, Any, Response]]
+
+
+def accepts_raw(
+    media_type: str, handler: RawBodyHandler
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Decorate a :class:`JsonBodyRoute` endpoint: bodies sent as ``media_type`` go to
+    ``handler(body bytes)`` instead of the JSON parser (declare them in ``openapi_extra``)."""
+
+    def mark(endpoint: Callable[..., Any]) -> Callable[..., Any]:
+        raw_bodies = dict(getattr(endpoint, "raw_bodies", {}))
+        raw_bodies[media_type] = handler
+        endpoint.raw_bodies = raw_bodies  # type: ignore[attr-defined]
+        return endpoint
+
+    return mark
+
+
 def parse_body(model: type[BaseModel], body: bytes, content_type: str | None) -> BaseModel:
     """Validate a JSON ``body`` as ``model``; RequestValidationError (locations under "body")."""
     if not body:
@@ -302,6 +324,10 @@ class JsonBodyRoute(APIRoute):
             # read without Request.body(), which would keep the bytes for the request's life
             raw = b"".join([chunk async for chunk in request.stream()])
             content_type = request.headers.get("content-type")
+            other = getattr(endpoint, "raw_bodies", {}).get(_media_type(content_type))
+            if other is not None:  # a binary body the endpoint takes as bytes
+                bulk_response: Response = await other(raw)
+                return bulk_response
             if len(raw) > PARSE_INLINE_BYTES:
                 body = await parse_elsewhere(model, raw, content_type)
             else:
