@@ -135,9 +135,11 @@ EdgeCounts = Callable[[np.ndarray, np.ndarray], np.ndarray]  # (srcs, dsts) -> u
 
 
 def check_columns(
-    batch: ColumnBatch, num_nodes: int, dim: int, edge_counts: EdgeCounts
+    batch: ColumnBatch, num_nodes: int, dim: int, edge_counts: EdgeCounts | None
 ) -> list[int]:
     """Validate ``batch`` against the graph now; returns the ids its add_node rows create.
+    ``edge_counts`` None skips the check that each delete finds an edge (the caller applies
+    the batch to a copy no one reads and checks again if a delete fails there).
 
     Raises UpdateRejectedError listing every invalid row (messages as ``parse_batch``), or
     InvalidInputError when the batch as a whole is malformed (empty, wrong feature width).
@@ -165,7 +167,8 @@ def check_columns(
     for name, column in (("src", batch.src), ("dst", batch.dst)):
         _check_ids(errors, column, edge, limit, name)
     _check_ids(errors, batch.node, op == UPSERT, limit, "node")
-    _check_deletes(errors, batch, num_nodes, edge_counts)
+    if edge_counts is not None:
+        _check_deletes(errors, batch, num_nodes, edge_counts)
     if errors:
         raise UpdateRejectedError([_entry(i, errors[i]) for i in sorted(errors)])
     return list(range(num_nodes, num_nodes + int(np.count_nonzero(adds))))

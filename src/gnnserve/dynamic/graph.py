@@ -19,6 +19,10 @@ from gnnserve.dynamic.segments import segment_delete, segment_insert
 from gnnserve.graph.base import GraphStore
 
 
+class MissingEdgeError(KeyError):
+    """A delete found no such edge; the copy it was applied to is left half changed."""
+
+
 @numba.njit(nogil=True, cache=True)
 def _apply_events(start, degree, capacity, cols, used, loops, inserts, srcs, dsts):  # type: ignore[no-untyped-def]
     """Apply edge events in order (inserts[i] True = add, False = delete one copy).
@@ -162,7 +166,7 @@ class DynamicGraph(GraphStore):
             self.cols = cols
             self._arrays = (self.start, self.degree, cols)
         if bad >= 0:
-            raise KeyError(f"edge {srcs[bad]} -> {dsts[bad]} does not exist")
+            raise MissingEdgeError(f"edge {srcs[bad]} -> {dsts[bad]} does not exist")
         self._m += int(2 * np.count_nonzero(inserts) - inserts.size)
 
     def add_node(self) -> int:

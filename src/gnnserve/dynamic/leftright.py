@@ -4,9 +4,9 @@ The changing graph (and its features) is kept twice. Readers use the *active* co
 changes the *spare* one, publishes it by flipping which copy is active, waits until the readers
 that pinned the old copy before the flip have released it, then repeats the change on the old
 copy, which becomes the next spare (Ramalhete and Correia's left-right pattern; DGS's
-double-buffered reservoirs are the same idea for samples). That second application runs in a
-background thread, so a batch is acknowledged once it is published, and the catch-up overlaps
-the next batch's parsing and logging; the next batch waits for it before it changes that copy.
+double-buffered reservoirs are the same idea for samples). When readers still hold the old
+copy (or the change is long), that second application runs in a background thread, so the
+writer never waits for a reader either: the next batch waits for it before it changes that copy.
 A reader's only synchronisation is a counter update under a mutex that no one holds for longer
 than that update.
 
@@ -126,23 +126,44 @@ class LeftRight(Generic[R]):
         return stack
 
     # the writer ----------------------------------------------------------------------------
-    def write(self, change: Callable[[R], None], before_publish: Callable[[R], None]) -> None:
+    def write(
+        self,
+        change: Callable[[R], None],
+        before_publish: Callable[[R], None],
+        catch_up: Callable[[R, R], None] | None = None,
+        background: bool = False,
+    ) -> None:
         """Apply ``change`` to both copies, publishing it in between.
 
         ``before_publish(changed copy)`` runs after the first application, before any reader
-        can see it. The second application (to the copy the old readers still hold) runs in
-        the background once they leave; the next ``write`` (or ``settle``) waits for it. A
-        failure on the spare leaves readers on the old version (the spare is rebuilt from the
-        active copy); a failure in the background rebuilds the old copy from the new one.
+        can see it. The second application (``catch_up(behind, ahead)`` instead of ``change``
+        when given: e.g. copying what ``change`` wrote) runs at once when no reader holds the
+        old copy and ``background`` is False; else in the background once those readers
+        leave, and the next ``write`` (or ``settle``) waits for it. (``background`` pays for
+        long, GIL-free changes: they overlap the caller's next batch.) A failure on the spare
+        (``change`` or ``before_publish``) leaves readers on the old version (the spare is
+        rebuilt from the active copy); a failure in the background rebuilds the old copy from
+        the new one.
         """
         self.settle()
         spare = 1 - self._active
-        self._guarded(spare, change, source=self._active)
-        before_publish(self._sides[spare])
+
+        def first(replica: R) -> None:
+            change(replica)
+            before_publish(replica)
+
+        self._guarded(spare, first, source=self._active)
         with self._cond:
             self._active = spare
             self.flips += 1
-        self._catching_up = self._background.submit(self._catch_up, 1 - spare, change)
+            free = self._readers[1 - spare] == 0
+        if catch_up is not None:
+            ahead = self._sides[spare]
+            change = lambda behind: catch_up(behind, ahead)  # noqa: E731
+        if free and not background:  # no reader to wait for: no thread hand-off either
+            self._guarded(1 - spare, change, source=spare)
+        else:
+            self._catching_up = self._background.submit(self._catch_up, 1 - spare, change)
 
     def settle(self, timeout_s: float | None = None) -> None:
         """Wait until both copies hold the last published version (the catch-up is done)."""

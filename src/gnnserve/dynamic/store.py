@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,7 @@ import numpy as np
 from gnnserve.dynamic import columns
 from gnnserve.dynamic.columns import ColumnBatch
 from gnnserve.dynamic.features import DynamicFeatures
-from gnnserve.dynamic.graph import DynamicGraph
+from gnnserve.dynamic.graph import DynamicGraph, MissingEdgeError
 from gnnserve.dynamic.leftright import LeftRight
 from gnnserve.dynamic.records import Ops
 from gnnserve.dynamic.updates import UpdateRejectedError, parse_batch
@@ -43,6 +44,7 @@ from gnnserve.urls import local_path
 log = logging.getLogger(__name__)
 
 
+BACKGROUND_ROWS = 4096  # batches this long catch the second copy up in the background
 EdgeArrays = tuple[np.ndarray, np.ndarray, np.ndarray]  # (inserts bool, srcs, dsts)
 
 
@@ -205,10 +207,12 @@ class DynamicStore:
     def _columns(self, ops: list[dict[str, Any]]) -> ColumnBatch:
         return columns.from_ops(ops, self._latest.features.dim)
 
-    def _check(self, batch: ColumnBatch) -> ColumnBatch:
-        """Validate a columnar batch (``columns.check_columns``); the batch."""
+    def _check(self, batch: ColumnBatch, deletes: bool = True) -> ColumnBatch:
+        """Validate a columnar batch (``columns.check_columns``; ``deletes``: also that each
+        delete finds an edge); the batch."""
         g = self.graph
-        columns.check_columns(batch, g.num_nodes, self._latest.features.dim, g.count_edges_many)
+        counts = g.count_edges_many if deletes else None
+        columns.check_columns(batch, g.num_nodes, self._latest.features.dim, counts)
         return batch
 
     def apply(self, ops: Any) -> UpdateResult:
@@ -221,37 +225,67 @@ class DynamicStore:
             return self._apply(self._columns(parsed), seq)
 
     def apply_columns(self, batch: ColumnBatch) -> UpdateResult:
-        """Validate a columnar batch (bulk ingestion), log it as one binary record, apply it."""
+        """Validate a columnar batch (bulk ingestion), apply it to the copy no one reads, log
+        it as one binary record, publish it; UpdateRejectedError (nothing applied) when invalid.
+
+        Whether each delete finds its edge is checked by applying the batch to that copy (one
+        scan of the edge's row instead of two); when one does not, the copy is rebuilt and the
+        batch checked in full, which names every refused row."""
         with self._writer:
-            self._check(batch)
+            self._check(batch, deletes=False)
             seq = self._next_seq()
-            self.log.append_frame(seq, columns.encode(batch))  # type: ignore[union-attr]
-            return self._apply(batch, seq)
+            log = self.log
+            assert log is not None
+            try:
+                return self._apply(batch, seq, lambda: log.append_frame(seq, columns.encode(batch)))
+            except MissingEdgeError:
+                self._check(batch)  # raises UpdateRejectedError naming every row
+                raise
 
     def _next_seq(self) -> int:
         if self.log is None:
             raise ReadOnlyStoreError("this store was opened read-only", "ops")
         return self.graph.seq + 1
 
-    def _apply(self, batch: ColumnBatch, seq: int) -> UpdateResult:
-        """Apply to the spare copy, report to the listeners, publish, apply to the other."""
+    def _apply(
+        self, batch: ColumnBatch, seq: int, log_it: Callable[[], None] | None = None
+    ) -> UpdateResult:
+        """Apply to the spare copy (then ``log_it``), report to the listeners, publish, apply
+        to the other copy."""
         edges = batch.edge_events()  # once, for both copies
         added = len(batch.feature_rows) - int(np.count_nonzero(batch.op == columns.UPSERT))
         first = self.graph.num_nodes
 
         def published(replica: GraphReplica) -> None:
+            if log_it is not None:
+                log_it()  # durable before anyone sees or is told of the batch
             self._latest = replica
             for listener in self._listeners:  # before readers can pin the batch's version
                 _report(listener, replica.graph, added, edges)
 
-        self._replicas.write(lambda r: self._change(r, batch, seq, edges), published)
+        def catch_up(behind: GraphReplica, ahead: GraphReplica) -> None:
+            self._change(behind, batch, seq, edges, listeners=False)
+            touched = edges[2] if edges is not None else np.empty(0, np.int64)
+            for twin, source in zip(behind.listeners, ahead.listeners, strict=True):
+                twin.copy_changes(source, touched)
+
+        self._replicas.write(
+            lambda r: self._change(r, batch, seq, edges),
+            published,
+            catch_up,
+            background=len(batch) >= BACKGROUND_ROWS,
+        )
         return UpdateResult(self.graph.version, seq, list(range(first, first + added)), len(batch))
 
     @staticmethod
     def _change(
-        replica: GraphReplica, batch: ColumnBatch, seq: int, edges: EdgeArrays | None = None
+        replica: GraphReplica,
+        batch: ColumnBatch,
+        seq: int,
+        edges: EdgeArrays | None = None,
+        listeners: bool = True,
     ) -> None:
-        """Apply ``batch`` to one copy that no reader holds, and to its listeners' copies."""
+        """Apply ``batch`` to one copy that no reader holds (and to its listeners' copies)."""
         g, f = replica.graph, replica.features
         if edges is None:
             edges = batch.edge_events()
@@ -266,7 +300,7 @@ class DynamicStore:
         if edges is not None:
             g.apply_edge_events(*edges)
         g.seq = seq
-        for listener in replica.listeners:
+        for listener in replica.listeners if listeners else ():
             _report(listener, g, int(np.count_nonzero(adds)), edges)
 
     def compact(self) -> None:

@@ -18,9 +18,10 @@ batch are never interleaved with another batch's.
 
 A listener whose state readers read while batches arrive (the pre-sampler) is a
 :class:`ReplicatedListener`: the store keeps one copy of it beside each copy of the graph
-(``dynamic.leftright``), calls each copy as that graph copy applies a batch (so twice per batch,
-before the plain listeners are called once), and tells the subscribed object, through
-``follow``, which copy the calling thread's pinned version reads.
+(``dynamic.leftright``): the copy beside the graph copy that applies a batch first is called as
+above (before the plain listeners are called once); the other copy then catches up with
+``copy_changes`` from it. Through ``follow`` the store tells the subscribed object which copy
+the calling thread's pinned version reads.
 
 A listener must not raise: the batch is already durable and applied, so an exception leaves
 that listener (and the ones after it) behind the graph; it reaches the writer that sent the
@@ -63,3 +64,7 @@ class ReplicatedListener(UpdateListener, Protocol):
 
     def follow(self, current: Callable[[], ReplicatedListener]) -> None:
         """Serve reads from ``current()``: the copy of the calling thread's pinned version."""
+
+    def copy_changes(self, source: ReplicatedListener, touched: np.ndarray) -> None:
+        """Become equal to ``source``, a copy that has applied one more batch, whose edge events
+        ended at the vertices ``touched`` (the batch's new nodes are beyond this copy's)."""

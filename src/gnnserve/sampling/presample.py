@@ -214,6 +214,16 @@ class PreSampler:
         twin._current = None
         return twin
 
+    def copy_changes(self, source: PreSampler, touched: np.ndarray) -> None:  # type: ignore[override]
+        """ReplicatedListener: become equal to ``source`` (one batch ahead, its edge events at
+        ``touched``) by copying those vertices' reservoirs, counts, degrees and draw counters."""
+        self._res.grow(source._n)
+        self._n = source._n
+        rows = np.unique(touched)
+        mine, theirs = self._res, source._res
+        for name in ("table", "counts", "deg", "draws"):
+            getattr(mine, name)[rows] = getattr(theirs, name)[rows]
+
     def follow(self, current: Callable[[], PreSampler]) -> None:  # type: ignore[override]
         """ReplicatedListener: serve reads from ``current()`` (the reader's pinned copy)."""
         self._current = current
