@@ -176,3 +176,34 @@ def test_csv_rows_read_as_the_same_batch(tmp_path) -> None:
     assert batch.src.tolist()[::3] == [1, 1] and batch.node[2] == 3
     np.testing.assert_array_equal(batch.features, [[0.5, 1.5], [2.0, -1.0]])
     assert batch.features_missing is None
+
+
+def test_a_bulk_batch_whose_delete_fails_changes_nothing(small_store: Path, tmp_path) -> None:
+    """The delete check runs by applying to the unread copy: a failure rebuilds that copy, so
+    the store, its log and its readers are as before, and every refused row is named."""
+    store = _open(small_store, tmp_path / "log")
+    store.apply([{"op": "add_edge", "src": 4, "dst": 9}])
+    version, edges, n = store.graph.version, store.graph.csr(), store.graph.num_nodes
+    features = store.features.get(np.arange(n))
+    log_size = (tmp_path / "log").stat().st_size
+    ops = [
+        {"op": "add_node", "features": [5.0] * DIM},
+        {"op": "add_edge", "src": n, "dst": 9},
+        {"op": "delete_edge", "src": 4, "dst": 9},
+        {"op": "delete_edge", "src": 4, "dst": 9},  # the second copy does not exist
+        {"op": "upsert_features", "node": 9, "features": [7.0] * DIM},
+        {"op": "delete_edge", "src": 5, "dst": 9},
+    ]
+    missing_5 = 5 not in store.graph.neighbors(9)
+    with pytest.raises(UpdateRejectedError) as info:
+        store.apply_columns(_columns(ops))
+    assert [e["index"] for e in info.value.errors] == [3, 5] if missing_5 else [3]
+    for side in store._replicas.both():  # both copies, the one tried on included
+        assert side.graph.version == version and side.graph.num_nodes == n
+        for a, b in zip(side.graph.csr(), edges, strict=True):
+            np.testing.assert_array_equal(a, b)
+        np.testing.assert_array_equal(side.features.get(np.arange(n)), features)
+        assert not side.listeners
+    assert (tmp_path / "log").stat().st_size == log_size
+    assert store.apply_columns(_columns(ops[:3])).seq == 2  # the store goes on
+    store.close()
