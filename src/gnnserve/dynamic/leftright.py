@@ -63,7 +63,6 @@ class LeftRight(Generic[R]):
         self._readers = [0, 0]
         self._cond = threading.Condition()
         self._local = threading.local()
-        self.flips = 0  # published writes, for tests and metrics
         self._background = ThreadPoolExecutor(1, thread_name_prefix="left-right")
         self._catching_up: Future[None] | None = None
 
@@ -76,11 +75,6 @@ class LeftRight(Generic[R]):
         """(active, spare), both at the same version: for a writer adding state to both."""
         self.settle()
         return self._sides[self._active], self._sides[1 - self._active]
-
-    def readers(self) -> tuple[int, int]:
-        """Pinned readers of (active copy, spare copy)."""
-        with self._cond:
-            return self._readers[self._active], self._readers[1 - self._active]
 
     # readers -------------------------------------------------------------------------------
     def enter(self) -> R:
@@ -155,13 +149,12 @@ class LeftRight(Generic[R]):
         self._guarded(spare, first, source=self._active)
         with self._cond:
             self._active = spare
-            self.flips += 1
             free = self._readers[1 - spare] == 0
         if catch_up is not None:
             ahead = self._sides[spare]
             change = lambda behind: catch_up(behind, ahead)  # noqa: E731
         if free and not background:  # no reader to wait for: no thread hand-off either
-            self._guarded(1 - spare, change, source=spare)
+            self._level(1 - spare, change)
         else:
             self._catching_up = self._background.submit(self._catch_up, 1 - spare, change)
 
@@ -183,9 +176,14 @@ class LeftRight(Generic[R]):
         with self._cond:
             while self._readers[old]:
                 self._cond.wait()
+        self._level(old, change)
+
+    def _level(self, old: int, change: Callable[[R], None]) -> None:
+        """Bring copy ``old`` to the published version. The write is already published, so a
+        failure here is not the writer's: the copy is rebuilt from the current one, logged."""
         try:
             self._guarded(old, change, source=1 - old)
-        except BaseException:
+        except Exception:
             log.exception("left-right: the copy behind was rebuilt from the current one")
 
     def _guarded(self, side: int, change: Callable[[R], None], source: int) -> None:
