@@ -27,7 +27,7 @@ from typing import Any
 import numba
 import numpy as np
 
-from gnnserve.dynamic.updates import OPS, UpdateRejectedError
+from gnnserve.dynamic.updates import OPS, UpdateRejectedError, error_entry
 from gnnserve.errors import InvalidInputError
 
 OP_CODES = {name: code for code, name in enumerate(OPS)}
@@ -54,6 +54,11 @@ class ColumnBatch:
     def edge_rows(self) -> np.ndarray:
         """Indices of the edge operations, in order."""
         return np.flatnonzero(self.op <= DELETE_EDGE)
+
+    @property
+    def added(self) -> int:
+        """Number of add_node operations (the nodes the batch creates)."""
+        return int(np.count_nonzero(self.op == ADD_NODE))
 
     @property
     def feature_rows(self) -> np.ndarray:
@@ -170,13 +175,8 @@ def check_columns(
     if edge_counts is not None:
         _check_deletes(errors, batch, num_nodes, edge_counts)
     if errors:
-        raise UpdateRejectedError([_entry(i, errors[i]) for i in sorted(errors)])
+        raise UpdateRejectedError([error_entry(i, errors[i]) for i in sorted(errors)])
     return list(range(num_nodes, num_nodes + int(np.count_nonzero(adds))))
-
-
-def _entry(i: int, message: str) -> dict[str, Any]:
-    """An error in ``parse_batch``'s form: the field is the message's leading path."""
-    return {"index": i, "field": message.split(" ", 1)[0].rstrip(":"), "message": message}
 
 
 def _report(errors: dict[int, str], bad: np.ndarray, say: Callable[[int], str]) -> None:

@@ -44,15 +44,6 @@ class DynamicFeatures(FeatureStore):
     def _read(self, ids: np.ndarray) -> torch.Tensor:
         return gather_rows(self._table, ids)
 
-    def upsert(self, node: int, values: list[float]) -> None:
-        """Replace the features of an existing node."""
-        self._table[node] = values
-
-    def append(self, values: list[float]) -> int:
-        """Add a row for a new node; returns its id."""
-        self.append_rows(np.asarray(values, dtype=np.float32).reshape(1, self.dim))
-        return self._n - 1
-
     def append_rows(self, rows: np.ndarray) -> None:
         """Add rows (float32 [k, F]) for k new nodes, ids N .. N + k - 1."""
         k = rows.shape[0]

@@ -169,10 +169,6 @@ class DynamicGraph(GraphStore):
             raise MissingEdgeError(f"edge {srcs[bad]} -> {dsts[bad]} does not exist")
         self._m += int(2 * np.count_nonzero(inserts) - inserts.size)
 
-    def add_node(self) -> int:
-        """A new node without edges; returns its id."""
-        return self.add_nodes(1)[0]
-
     def add_nodes(self, count: int) -> range:
         """``count`` new nodes without edges; returns their ids."""
         if self._n + count > self.start.shape[0]:

@@ -168,7 +168,8 @@ class DynamicStore:
                         "wal",
                     )
                 continue
-            self._change(self._latest, self._replayed_batch(path, seq, ops), seq)  # one copy yet
+            batch = self._replayed_batch(path, seq, ops)
+            self._change(self._latest, batch, seq, batch.edge_events())  # one copy yet
             applied += 1
         if applied:
             log.info(
@@ -253,8 +254,7 @@ class DynamicStore:
         """Apply to the spare copy (then ``log_it``), report to the listeners, publish, apply
         to the other copy."""
         edges = batch.edge_events()  # once, for both copies
-        added = len(batch.feature_rows) - int(np.count_nonzero(batch.op == columns.UPSERT))
-        first = self.graph.num_nodes
+        added, first = batch.added, self.graph.num_nodes
 
         def published(replica: GraphReplica) -> None:
             if log_it is not None:
@@ -282,13 +282,12 @@ class DynamicStore:
         replica: GraphReplica,
         batch: ColumnBatch,
         seq: int,
-        edges: EdgeArrays | None = None,
+        edges: EdgeArrays | None,
         listeners: bool = True,
     ) -> None:
-        """Apply ``batch`` to one copy that no reader holds (and to its listeners' copies)."""
+        """Apply ``batch`` (``edges``: its ``edge_events()``) to one copy that no reader holds
+        (and to its listeners' copies)."""
         g, f = replica.graph, replica.features
-        if edges is None:
-            edges = batch.edge_events()
         # node ops first: edges may use the new ids; upserts after the adds they may name
         kinds = batch.op[batch.feature_rows]
         adds = kinds == columns.ADD_NODE
@@ -301,7 +300,7 @@ class DynamicStore:
             g.apply_edge_events(*edges)
         g.seq = seq
         for listener in replica.listeners if listeners else ():
-            _report(listener, g, int(np.count_nonzero(adds)), edges)
+            _report(listener, g, batch.added, edges)
 
     def compact(self) -> None:
         """Defragment the adjacency, one copy at a time; readers keep running."""

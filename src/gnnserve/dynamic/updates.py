@@ -89,6 +89,12 @@ def _features(op: dict[str, Any], width: int, path: str) -> list[float]:
     return exact.tolist()
 
 
+def error_entry(index: int, message: str) -> dict[str, Any]:
+    """One invalid operation in an UpdateRejectedError: the field is the message's leading
+    path (``ops[3].dst: node ...`` -> ``ops[3].dst``)."""
+    return {"index": index, "field": message.split(" ", 1)[0].rstrip(":"), "message": message}
+
+
 def parse_batch(
     raw: Any, num_nodes: int, feature_dim: int, edge_count: Callable[[int, int], int]
 ) -> ParsedBatch:
@@ -124,9 +130,7 @@ def parse_batch(
                 values = _features(op, feature_dim, path)
                 batch.ops.append({"op": kind, "node": node, "features": values})
         except ValueError as exc:
-            message = str(exc)
-            field_name = message.split(" ", 1)[0].rstrip(":")
-            errors.append({"index": i, "field": field_name, "message": message})
+            errors.append(error_entry(i, str(exc)))
     if errors:
         raise UpdateRejectedError(errors)
     return batch

@@ -210,10 +210,8 @@ def _one_record_of_damage(buf: Any, at: int, size: int) -> bool:
     length = frame_length(buf, at)
     if length is not None:
         return tail <= length
-    if tail < len(MAGIC) and buf[at:size] == MAGIC[:tail]:
-        return True  # a frame cut inside its magic
-    if buf[at : at + len(MAGIC)] == MAGIC and tail < FRAME_HEADER.size:
-        return True  # a frame cut inside its header
+    if tail < FRAME_HEADER.size and MAGIC.startswith(bytes(buf[at : at + min(tail, len(MAGIC))])):
+        return True  # a frame cut inside its header (its magic included)
     newline = buf.find(b"\n", at, size)
     return newline < 0 or newline == size - 1
 
