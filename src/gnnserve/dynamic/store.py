@@ -38,7 +38,13 @@ from gnnserve.dynamic.wal import FsyncPolicy, UpdateLog, replay
 from gnnserve.errors import InvalidInputError, ReadOnlyStoreError, StoreFormatError
 from gnnserve.features.base import FeatureStore
 from gnnserve.graph.base import GraphStore
-from gnnserve.graph.events import DELETE, INSERT, ReplicatedListener, UpdateListener
+from gnnserve.graph.events import (
+    DELETE,
+    INSERT,
+    PublishListener,
+    ReplicatedListener,
+    UpdateListener,
+)
 from gnnserve.urls import local_path
 
 log = logging.getLogger(__name__)
@@ -111,7 +117,9 @@ class DynamicStore:
         self._latest = GraphReplica(DynamicGraph(graph), DynamicFeatures(features))
         self._writer = threading.Lock()  # one batch at a time: validate, log, apply
         self.compact_above = compact_above
-        self._listeners: list[UpdateListener] = []  # subscribed after replay, from its state
+        self._listeners: list[
+            UpdateListener | PublishListener
+        ] = []  # subscribed after replay, from its state
         # the writer lock before the replay: a second server must not cut a live writer's tail
         self.log = None if read_only else UpdateLog(log_path, fsync)
         try:
@@ -134,7 +142,7 @@ class DynamicStore:
         """The copy of the graph at the newest version (readers beside writers use ``view``)."""
         return self._latest.graph
 
-    def subscribe(self, listener: UpdateListener) -> None:
+    def subscribe(self, listener: UpdateListener | PublishListener) -> None:
         """Report every batch applied from now on to ``listener`` (see ``graph.events``).
 
         Build the listener from the current state (e.g. ``PreSampler(*store.graph.csr(), ...)``)
@@ -261,7 +269,10 @@ class DynamicStore:
                 log_it()  # durable before anyone sees or is told of the batch
             self._latest = replica
             for listener in self._listeners:  # before readers can pin the batch's version
-                _report(listener, replica.graph, added, edges)
+                if isinstance(listener, PublishListener):
+                    listener.on_published(seq, replica.graph.num_nodes)
+                else:
+                    _report(listener, replica.graph, added, edges)
 
         def catch_up(behind: GraphReplica, ahead: GraphReplica) -> None:
             self._change(behind, batch, seq, edges, listeners=False)

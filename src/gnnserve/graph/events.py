@@ -23,6 +23,10 @@ above (before the plain listeners are called once); the other copy then catches 
 ``copy_changes`` from it. Through ``follow`` the store tells the subscribed object which copy
 the calling thread's pinned version reads.
 
+A listener that reads the batches from the durable update log itself (the DGS workers, which
+consume it by offset) is a :class:`PublishListener` instead: it is told only that batch ``seq``
+is durable and the graph has ``num_nodes`` nodes, at the same point of the batch.
+
 A listener must not raise: the batch is already durable and applied, so an exception leaves
 that listener (and the ones after it) behind the graph; it reaches the writer that sent the
 batch. The arrays belong to the store:
@@ -68,3 +72,11 @@ class ReplicatedListener(UpdateListener, Protocol):
     def copy_changes(self, source: ReplicatedListener, touched: np.ndarray) -> None:
         """Become equal to ``source``, a copy that has applied one more batch, whose edge events
         ended at the vertices ``touched`` (the batch's new nodes are beyond this copy's)."""
+
+
+@runtime_checkable
+class PublishListener(Protocol):
+    """Told of each batch once it is in the update log, to read the batch from there."""
+
+    def on_published(self, seq: int, num_nodes: int) -> None:
+        """Batch ``seq`` is durable in the log; the graph now has ``num_nodes`` nodes."""

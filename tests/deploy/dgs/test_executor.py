@@ -2,7 +2,7 @@
 
 A DGS sample equals the pre-sampler's for the same seed and update sequence, and the features
 and model are the same, so every answer must equal the local server's exactly, before and
-after graph updates (which reach the DGS workers through the UpdateListener protocol).
+after graph updates (which the DGS workers read from the server's update log).
 """
 
 from __future__ import annotations
@@ -66,12 +66,15 @@ def test_dgs_answers_equal_local_presample_before_and_after_updates(
         got = _probs(dgs, NODES, fanouts=[2, 2])
         assert metric(dgs, "gnnserve_deploy_dgs_batches") == before
         assert got.shape == (len(NODES), 4) and np.allclose(got.sum(axis=1), 1.0, atol=1e-5)
-        # an added node: DGS holds a fixed vertex set, batches sample locally (on demand, this
-        # server has no pre-sampler) from then on: valid answers, the new node included
+        # an added node joins the workers' key ranges: DGS goes on sampling, the new node too,
+        # and the answers equal the local pre-sampler's
         node = {"op": "add_node", "features": [0.5] * 16}
-        update(dgs, [node, {"op": "add_edge", "src": 2000, "dst": 7}])
-        got = _probs(dgs, [*NODES, 2000])
-        assert got.shape == (len(NODES) + 1, 4) and np.allclose(got.sum(axis=1), 1.0, atol=1e-5)
+        for base in (local, dgs):
+            update(base, [node, {"op": "add_edge", "src": 2000, "dst": 7}])
+            update(base, [{"op": "add_edge", "src": 5, "dst": 2000}])
+        before = metric(dgs, "gnnserve_deploy_dgs_batches")
+        np.testing.assert_array_equal(_probs(dgs, [*NODES, 2000]), _probs(local, [*NODES, 2000]))
+        assert metric(dgs, "gnnserve_deploy_dgs_batches") == before + 1
 
 
 def _kill_a_serving_worker(base: str) -> None:

@@ -58,6 +58,19 @@ class LocalAdjacency:
         slot = np.arange(dst.size) - np.asarray(indptr, dtype=np.int64)[dst]
         self.cols[self.start[dst] + slot] = np.asarray(indices, dtype=np.int64)
 
+    def grow(self, rows: int) -> None:
+        """Add empty rows up to ``rows`` rows (new vertices), each with room for two edges."""
+        extra = rows - self.degree.size
+        if extra <= 0:
+            return
+        self.start = np.concatenate([self.start, self.used + 2 * np.arange(extra)])
+        self.degree = np.concatenate([self.degree, np.zeros(extra, dtype=np.int64)])
+        self.capacity = np.concatenate([self.capacity, np.full(extra, 2, dtype=np.int64)])
+        self.used += 2 * extra
+        if self.used > self.cols.size:
+            more = max(self.used - self.cols.size, self.cols.size)
+            self.cols = np.concatenate([self.cols, np.full(more, -1, dtype=np.int64)])
+
     def neighbors(self, r: int) -> np.ndarray:
         """Row r's current in-neighbours (a view; order unspecified)."""
         lo = int(self.start[r])

@@ -7,13 +7,18 @@ routed: a batch with the default fanouts (``sampler.fanouts``) is sampled by
 Feature gather and the model run here. A DGS sample equals the pre-sampler's for the same
 ``sampler.seed`` and update sequence, so answers equal ``local`` with ``sampler.presample``.
 
-With an update log, the executor subscribes to the changing graph (the UpdateListener protocol
-of :mod:`gnnserve.graph.events`): every applied batch's edge events reach the workers before the
-writer is answered, so a batch sampled after an update sees it. DGS keeps a fixed vertex set: once
-an update adds nodes, every batch samples locally (logged once; answers stay correct).
+With an update log, the workers consume the store's log themselves (DGS's event stream); the
+executor is a :class:`~gnnserve.graph.events.PublishListener`: once a batch is durable it tells
+the service to bring the workers to it, before readers can pin the batch's version. Nodes that
+updates add join the workers' key ranges. A batch's sample reports the update batch it
+reflects; the batch then reads features (and reports its version) at that same batch: when the
+version it pinned differs (a batch published in between), it pins again, and after a few tries
+samples locally. A sampling worker that dies is rebuilt from its checkpoint and replays the log
+(``DGSService`` module doc); only a failure DGS cannot recover from makes every later batch
+sample locally (logged once; answers stay correct).
 
-A serving worker that dies is replaced by the service (``DGSService`` module doc); the batch
-that met the death gets 503 ``worker_failed`` with a retry hint, and DGS goes on serving.
+A serving worker that dies is replaced by the service; the batch that met the death gets 503
+``worker_failed`` with a retry hint, and DGS goes on serving.
 """
 
 from __future__ import annotations
@@ -21,18 +26,18 @@ from __future__ import annotations
 import logging
 import time
 
-import numpy as np
-
 from gnnserve.config import ServeConfig
+from gnnserve.deploy.dgs.feed import LogSource, Position
 from gnnserve.deploy.dgs.service import DGSService
 from gnnserve.deploy.ray import start_ray_early
+from gnnserve.dynamic.wal import record_offset
 from gnnserve.engine.batcher import Batch
 from gnnserve.engine.executor import BatchSource, ExecutionContext
 from gnnserve.engine.local import LocalExecutor
-from gnnserve.graph.events import NeighborsOf
 from gnnserve.types import SampledSubgraph
 
 log = logging.getLogger(__name__)
+PIN_TRIES = 8  # pins tried for a DGS sample at the pinned version before sampling locally
 
 
 class DGSExecutor(LocalExecutor):
@@ -45,12 +50,13 @@ class DGSExecutor(LocalExecutor):
         self.service: DGSService | None = None
         self.stale_reason: str | None = None  # set when DGS can no longer serve the graph
         self.dgs_batches = 0  # batches sampled by DGS (the rest locally)
+        self.misaligned = 0  # batches sampled locally: no DGS answer at their pinned version
 
     def start(self, batches: BatchSource) -> None:
         """Start the DGS workers on the current graph, then the local stages."""
         ctx = self.context
         deploy = ctx.config.deploy
-        ctx.graph.acquire_read()  # no update between the copy and the subscription
+        version = ctx.graph.acquire_read()  # the version the workers start from
         try:
             indptr, indices = ctx.graph.csr()
             start = time.perf_counter()
@@ -61,11 +67,14 @@ class DGSExecutor(LocalExecutor):
                 n_sampling=deploy.workers,
                 n_serving=deploy.workers,
                 seed=ctx.config.sampler.seed,
+                log=self._log_source(version),
             )
-            if ctx.updates is not None:
-                ctx.updates.subscribe(self)
         finally:
             ctx.graph.release_read()
+        if ctx.updates is not None:
+            ctx.updates.subscribe(self)
+            store = ctx.updates.graph  # batches since the pin: the workers read them now
+            self.service.advance(store.seq, store.num_nodes)
         log.info(
             "DGS: %d sampling + %d serving workers ready in %.1f s (fanouts %s)",
             deploy.workers,
@@ -75,6 +84,15 @@ class DGSExecutor(LocalExecutor):
         )
         super().start(batches)
 
+    def _log_source(self, version: str) -> LogSource | None:
+        """The store's update log, from the record after ``version`` (None: no log)."""
+        updates = self.context.updates
+        if updates is None or updates.log is None:
+            return None
+        seq = _seq(version)
+        path = updates.log.path
+        return LogSource(path, Position(seq, record_offset(path, seq + 1)), updates.features.dim)
+
     def stop(self, timeout_s: float = 30.0) -> None:
         """Drain the local stages, then stop the DGS workers."""
         super().stop(timeout_s)
@@ -83,15 +101,28 @@ class DGSExecutor(LocalExecutor):
             service.shutdown()
 
     def sample(self, batch: Batch) -> SampledSubgraph:
-        """DGS look-ups for default-fanout batches while DGS serves the graph; else (also for a
-        request's own seed) local."""
+        """DGS look-ups for default-fanout batches while DGS serves the graph, at the batch's
+        pinned version; else (also for a request's own seed) local."""
         planner = self.context.planner
         default = (batch.fanouts or planner.default) == planner.default  # what workers keep
         seeded = batch.rng_seed is not None  # a seed keys on-demand draws: sampled locally
         if self.service is None or self.stale_reason is not None or seeded or not default:
             return super().sample(batch)
-        self.dgs_batches += 1
-        return self.service.sample(batch.seeds)
+        for _ in range(PIN_TRIES):
+            version, subgraph = self.service.sample_at(batch.seeds)
+            if self.context.updates is None or version == _seq(batch.graph_version):
+                self.dgs_batches += 1
+                return subgraph
+            self._repin(batch)
+        self.misaligned += 1
+        return super().sample(batch)
+
+    def _repin(self, batch: Batch) -> None:
+        """Pin the newest version instead (a batch was published since the pin)."""
+        graph = self.context.graph
+        graph.release_read()
+        time.sleep(0)  # the writer flips right after the workers committed
+        batch.graph_version = graph.acquire_read()
 
     @classmethod
     def start_early(cls, config: ServeConfig) -> None:
@@ -112,27 +143,28 @@ class DGSExecutor(LocalExecutor):
             "deploy": self.name,
             "workers": self.context.config.deploy.workers,
             "dgs_batches": self.dgs_batches,
+            "misaligned_batches": self.misaligned,
+            "rebuilt_workers": 0 if self.service is None else self.service.rebuilt,
             "replaced_workers": 0 if self.service is None else self.service.replaced,
             "stale": self.stale_reason,
         }
 
-    # UpdateListener (graph.events): called under the store's writer lock -------------------
-    def on_add_nodes(self, count: int) -> None:
-        """DGS holds a fixed vertex set: from now on every batch samples locally."""
-        self._give_up(f"an update added {count} node(s); DGS serves a fixed vertex set")
-
-    def on_edge_events(
-        self, kinds: np.ndarray, srcs: np.ndarray, dsts: np.ndarray, neighbors_of: NeighborsOf
-    ) -> None:
-        """Apply the batch's edge events on the workers before the writer is answered."""
+    # PublishListener (graph.events): called by the writer, before the batch is visible ------
+    def on_published(self, seq: int, num_nodes: int) -> None:
+        """Bring the workers to batch ``seq`` (they read it from the log)."""
         if self.service is None or self.stale_reason is not None:
             return
         try:
-            self.service.apply_events(kinds, srcs, dsts)
+            self.service.advance(seq, num_nodes)
         except Exception as exc:  # noqa: BLE001 - a listener must not raise (graph.events)
-            self._give_up(f"DGS could not apply an update batch: {exc}")
+            self._give_up(f"DGS could not apply update batch {seq}: {exc}")
 
     def _give_up(self, reason: str) -> None:
         if self.stale_reason is None:
             self.stale_reason = reason
             log.warning("%s: batches sample locally from now on", reason)
+
+
+def _seq(version: str) -> int:
+    """The update batch of a dynamic store's version string ``<checksum>.<seq>``."""
+    return int(version.rsplit(".", 1)[1])

@@ -1,66 +1,89 @@
 """A DGS sampling worker: one key range of vertices, their reservoirs and subscription tables.
 
-The worker owns vertices ``lo <= v < hi`` and therefore every edge event u -> v with v in
-range (an event changes only v's in-neighbour reservoirs). It keeps
+The worker owns the vertices of its key range (``partition.KeyRanges``: a contiguous range of
+the first graph's ids, then every ``parts``-th added id) and therefore every edge event u -> v
+with v owned (an event changes only v's in-neighbour reservoirs). It keeps
 - v's in-neighbour multiset (``LocalAdjacency``), which serves the refills of deletes;
 - v's one-hop reservoirs (``presample.ReservoirTable``), maintained by the PreSampler kernels
   with per-vertex randomness, hence bit-identical to a single ``PreSampler`` fed the same events;
-- v's subscription counts (``SubscriptionTable``) and what it last pushed to each serving worker.
+- v's subscription counts (``SubscriptionTable``) and what it last pushed to each serving worker;
+- its :class:`~gnnserve.deploy.dgs.feed.Position` in the update log, which it consumes itself
+  (``consume``): records after its position, its own events from each, exactly once.
 
 Messages go directly between workers (Ray actor calls): reference-count deltas to the owner of
 the vertex they are about, reservoir upserts / drops to the serving workers that subscribe. A
 method that sends returns the ObjectRefs of its sends without waiting for them (two workers
 waiting on each other would deadlock); the coordinator waits for them before the next phase.
+Messages carry the recovery epoch they were computed in; a recount (``recount``, after a worker
+was rebuilt) starts a new epoch, and older messages still in flight are dropped.
 """
 
 from __future__ import annotations
 
+import os
+import pickle
 from typing import Any
 
 import numpy as np
+import ray
 
 from gnnserve.compiled import compiled_signatures
 from gnnserve.deploy.dgs.adjacency import LocalAdjacency
-from gnnserve.deploy.dgs.partition import Modulo, split
+from gnnserve.deploy.dgs.feed import Position, record_events
+from gnnserve.deploy.dgs.partition import KeyRanges, Modulo, split
 from gnnserve.deploy.dgs.subscriptions import SubscriptionTable, deltas
 from gnnserve.graph.events import DELETE, INSERT
 from gnnserve.sampling.presample import ReservoirTable
 from gnnserve.sampling.warmup import refill_graph
 
+Csr = tuple[np.ndarray, np.ndarray, np.ndarray]  # indptr, indices, is_query of its rows
+
 
 class SamplingWorker:
-    """Sampling worker ``index`` of the key ranges ``bounds`` (run as a Ray actor).
+    """Sampling worker ``index`` of the key ranges ``ranges`` (run as a Ray actor).
 
-    ``indptr`` / ``indices`` are the in-neighbour CSR rows of its vertices only (row r is vertex
-    lo + r); ``is_query`` [hi - lo] marks its vertices that requests may ask for.
+    Built either from ``csr`` (the in-neighbour CSR rows of its vertices, row r = its r-th
+    vertex, and which of them requests may ask for) at log position ``start``, or from a
+    ``checkpoint`` (``checkpoint()``'s bytes, which carry their own position). ``feed``: the
+    :class:`~gnnserve.deploy.dgs.feed.LogFeed` actor; ``dim``: the feature width of the log.
     """
 
     def __init__(
         self,
         index: int,
-        bounds: np.ndarray,
-        indptr: np.ndarray,
-        indices: np.ndarray,
+        ranges: KeyRanges,
         fanouts: list[int],
         seed: int,
         n_serving: int,
-        is_query: np.ndarray,
+        feed: Any,
+        dim: int,
+        start: Position,
+        csr: Csr | None = None,
+        checkpoint: bytes | None = None,
     ) -> None:
-        self.index = index
-        self.bounds = np.asarray(bounds, dtype=np.int64)
-        self.lo, self.hi = int(bounds[index]), int(bounds[index + 1])
+        self.index, self.ranges, self.ids = index, ranges, ranges.owned(index)
         queries = list(dict.fromkeys(fanouts))
         hop_query = np.array([queries.index(f) for f in fanouts], dtype=np.int64)
-        gids = np.arange(self.lo, self.hi, dtype=np.int64)
-        self.res = ReservoirTable.build(indptr, indices, gids, queries, seed)
-        self.adj = LocalAdjacency(indptr, indices)
-        self.subs = SubscriptionTable(self.res.table.shape[0], self.lo, n_serving, hop_query)
-        self.hops, self.fanouts = len(fanouts), list(fanouts)
+        self.hops, self.fanouts, self.n_serving = len(fanouts), list(fanouts), n_serving
+        self.feed, self.dim = feed, dim
+        if checkpoint is not None:
+            state = pickle.loads(checkpoint)
+            self.res, self.adj, self.is_query, self.position, self.num_nodes = state
+        else:
+            assert csr is not None
+            indptr, indices, is_query = csr
+            gids = self.ids.vertices(np.arange(indptr.size - 1))
+            self.res = ReservoirTable.build(indptr, indices, gids, queries, seed)
+            self.adj = LocalAdjacency(indptr, indices)
+            self.is_query = np.asarray(is_query, dtype=bool).copy()
+            self.position, self.num_nodes = start, ranges.base
+        self.subs = SubscriptionTable(self.res.table.shape[0], self.ids, n_serving, hop_query)
         self.inbox: list[list[np.ndarray]] = [[] for _ in range(self.hops)]
-        seeds = gids[np.asarray(is_query, dtype=bool)]
-        self.inbox[0].append(deltas(Modulo(n_serving).owner(seeds), 0, seeds, np.ones_like(seeds)))
-        self.version = -1  # last published batch (0 = initial state)
-        self.events = 0  # events applied
+        self.epoch = 0
+        if checkpoint is None:
+            self._seed(np.arange(self.is_query.size))
+        self.version = self.position.seq  # last published batch
+        self.events = self.records = self.replayed = 0  # events / records applied, replayed
         self.peers: list[Any] = []  # sampling worker actor handles, by index
         self.servers: list[Any] = []  # serving worker actor handles, by index
 
@@ -68,34 +91,84 @@ class SamplingWorker:
         """Learn the actor handles of every sampling worker (self included) and serving worker."""
         self.peers, self.servers = peers, servers
 
+    def pid(self) -> int:
+        """The worker's process id (tests kill it)."""
+        return os.getpid()
+
+    def _seed(self, rows: np.ndarray) -> None:
+        """Level-0 subscriptions of the query vertices among ``rows`` (their serving worker)."""
+        seeds = self.ids.vertices(rows[self.is_query[rows]])
+        owner = Modulo(self.n_serving).owner(seeds)
+        self.inbox[0].append(deltas(owner, 0, seeds, np.ones_like(seeds)))
+
     def check(
-        self, kinds: np.ndarray, srcs: np.ndarray, dsts: np.ndarray
+        self, kinds: np.ndarray, srcs: np.ndarray, dsts: np.ndarray, num_nodes: int
     ) -> tuple[int, str] | None:
-        """(position, message) of the first event this worker rejects, or None; no change."""
-        failed = self.adj.check(kinds, srcs, dsts - self.lo)
+        """(position, message) of the first event this worker rejects, or None, in a graph of
+        ``num_nodes`` vertices; no change but empty rows for the batch's new vertices."""
+        self.adj.grow(self.ids.count(num_nodes))
+        failed = self.adj.check(kinds, srcs, self.ids.rows(dsts))
         if failed < 0:
             return None
         u, v = int(srcs[failed]), int(dsts[failed])
         return failed, f"delete of edge {u} -> {v}, which does not exist at that point"
 
-    def ingest(
-        self, version: int, kinds: np.ndarray, srcs: np.ndarray, dsts: np.ndarray
-    ) -> list[Any]:
-        """Apply a checked batch of this worker's events (in order); send the count deltas."""
-        if version != self.version + 1:
-            raise RuntimeError(f"batch {version} out of order: last published {self.version}")
-        rows = dsts - self.lo
+    # the log --------------------------------------------------------------------------------
+    def consume(self, upto: int, replay: bool = False) -> list[Any]:
+        """Apply the log's records after this worker's position through seq ``upto`` (its own
+        events of each, in order) and send the count deltas. ``replay``: rebuild the
+        reservoirs only (a ``recount`` follows), no messages."""
+        msgs = []
+        while self.position.seq < upto:
+            for seq, end, raw in ray.get(self.feed.read.remote(self.position, upto)):
+                added, kinds, srcs, dsts = record_events(raw, self.dim)
+                if added:
+                    self._grow(added, seed_new=not replay)
+                mine = np.flatnonzero(self.ranges.owner(dsts) == self.index)
+                if mine.size:
+                    changes = self._apply(kinds[mine], srcs[mine], dsts[mine])
+                    if not replay:
+                        msgs.append(self.subs.change_deltas(changes))
+                self.position = Position(seq, end)
+                self.events += int(mine.size)
+                self.records += 1
+                self.replayed += int(replay)
+        return self._send(np.concatenate(msgs)) if msgs else []
+
+    def _apply(self, kinds: np.ndarray, srcs: np.ndarray, dsts: np.ndarray) -> np.ndarray:
+        """Apply owned events to the adjacency, then the reservoirs; the reservoir changes."""
+        rows = self.ids.rows(dsts)
         self.adj.apply(kinds, srcs, rows)
-        changes = self.res.apply(kinds, srcs, dsts, rows, self._neighbors)
-        self.events += int(kinds.size)
-        return self._send(self.subs.change_deltas(changes))
+        return self.res.apply(kinds, srcs, dsts, rows, self._neighbors)
+
+    def _grow(self, added: int, seed_new: bool) -> None:
+        """The graph gained ``added`` vertices: rows for the owned ones (query vertices)."""
+        first = self.ids.count(self.num_nodes)
+        self.num_nodes += added
+        rows = self.ids.count(self.num_nodes)
+        self.res.grow(rows)
+        self.adj.grow(rows)
+        self.subs.grow(self.res.table.shape[0])
+        self.is_query = np.concatenate([self.is_query, np.ones(rows - first, dtype=bool)])
+        if seed_new:
+            self._seed(np.arange(first, rows))
 
     def _neighbors(self, v: int) -> np.ndarray:
         """Current in-neighbours of owned vertex v (global ids)."""
-        return self.adj.neighbors(v - self.lo)
+        return self.adj.neighbors(int(self.ids.rows(np.array([v]))[0]))
 
-    def receive(self, msgs: np.ndarray) -> None:
-        """File count deltas (``DELTA_COLUMNS``) about owned vertices by level."""
+    def checkpoint(self) -> bytes:
+        """This worker's reservoirs, adjacency and log position (no subscriptions: a rebuilt
+        worker recounts them), for a replacement's ``checkpoint`` argument."""
+        state = (self.res, self.adj, self.is_query, self.position, self.num_nodes)
+        return pickle.dumps(state, protocol=5)
+
+    # subscriptions --------------------------------------------------------------------------
+    def receive(self, msgs: np.ndarray, epoch: int) -> None:
+        """File count deltas (``DELTA_COLUMNS``) about owned vertices by level; drop those of
+        an older epoch."""
+        if epoch != self.epoch:
+            return
         for level in np.unique(msgs[:, 1]).tolist():
             self.inbox[level].append(msgs[msgs[:, 1] == level])
 
@@ -113,7 +186,23 @@ class SamplingWorker:
         (serving worker, ObjectRef) of each push."""
         pushes = self.subs.diff(self.res, version)
         self.version = version
+        for push in pushes.values():
+            push.epoch = self.epoch
         return [(w, self.servers[w].stage.remote(push)) for w, push in pushes.items()]
+
+    def recount(self, epoch: int) -> None:
+        """Start epoch ``epoch``: forget every count and message, file the level-0 deltas of all
+        owned query vertices (the coordinator then settles every level)."""
+        self.epoch = epoch
+        self.inbox = [[] for _ in range(self.hops)]
+        self.subs.reset()
+        self._seed(np.arange(self.is_query.size))
+
+    def republish(self, version: int) -> list[Any]:
+        """Send every serving worker all it needs from this worker, replacing its cache."""
+        pushes = self.subs.full(self.res, version, self.epoch)
+        self.version = version
+        return [self.servers[w].stage.remote(push) for w, push in pushes.items()]
 
     def resync(self, w: int) -> list[Any]:
         """Send serving worker ``w`` (a replacement) what this worker last pushed to it."""
@@ -124,36 +213,38 @@ class SamplingWorker:
         """Route messages to the owners of their vertices (own ones filed locally)."""
         if msgs.shape[0] == 0:
             return []
-        owner = np.searchsorted(self.bounds, msgs[:, 2], side="right") - 1
         refs = []
-        for part, pos in enumerate(split(owner, len(self.bounds) - 1)):
+        for part, pos in enumerate(split(self.ranges.owner(msgs[:, 2]), self.ranges.parts)):
             if pos.size == 0:
                 continue
             if part == self.index:
-                self.receive(msgs[pos])
+                self.receive(msgs[pos], self.epoch)
             else:
-                refs.append(self.peers[part].receive.remote(msgs[pos]))
+                refs.append(self.peers[part].receive.remote(msgs[pos], self.epoch))
         return refs
 
+    # tools ----------------------------------------------------------------------------------
     def warm_up(self) -> None:
-        """Compile the update path as ``check`` and ``ingest`` run it, on a private graph (this
+        """Compile the update path as ``check`` and ``consume`` run it, on a private graph (this
         worker's state untouched), which a first update would otherwise compile while the
         writer waits: vertex 0 with in-neighbours 1..d loses one its largest reservoir holds
-        (a refill) and gains an edge from d."""
+        (a refill) and gains an edge from d. ``check`` gets its events from Ray (read-only when
+        large), ``consume`` decodes its own (writable): both kinds are compiled."""
         indptr, indices = refill_graph(self.fanouts)
         d = indices.size
         queries = list(dict.fromkeys(self.fanouts))
-        res = ReservoirTable.build(indptr, indices, np.arange(d + 1), queries, seed=0)
-        adj = LocalAdjacency(indptr, indices)
-        held = int(res.row(0, queries.index(d - 1))[0])
-        kinds, srcs = np.array([DELETE, INSERT]), np.array([held, d], dtype=np.int64)
-        dsts = np.zeros(2, dtype=np.int64)
-        for events in (kinds, srcs, dsts):  # as Ray hands a batch over: read-only
-            events.flags.writeable = False
-        rows = dsts.copy()  # ingest's rows (dsts - lo) are a new, writable array
-        adj.check(kinds, srcs, rows)
-        adj.apply(kinds, srcs, rows)
-        res.apply(kinds, srcs, dsts, rows, adj.neighbors)
+        for read_only in (True, False):
+            res = ReservoirTable.build(indptr, indices, np.arange(d + 1), queries, seed=0)
+            adj = LocalAdjacency(indptr, indices)
+            held = int(res.row(0, queries.index(d - 1))[0])
+            kinds, srcs = np.array([DELETE, INSERT]), np.array([held, d], dtype=np.int64)
+            dsts = np.zeros(2, dtype=np.int64)
+            for events in (kinds, srcs, dsts):
+                events.flags.writeable = not read_only
+            rows = dsts.copy()  # the rows of ``check`` and ``_apply`` are new, writable arrays
+            adj.check(kinds, srcs, rows)
+            adj.apply(kinds, srcs, rows)
+            res.apply(kinds, srcs, dsts, rows, adj.neighbors)
 
     def compiled(self) -> dict[str, list[str]]:
         """The numba signatures this worker's process holds (``gnnserve.compiled``)."""
@@ -165,9 +256,18 @@ class SamplingWorker:
 
     def reservoir(self, v: int, q: int) -> np.ndarray:
         """Owned vertex v's reservoir of one-hop query q (slot order)."""
-        return self.res.row(v - self.lo, q)
+        return self.res.row(int(self.ids.rows(np.array([v]))[0]), q)
 
     def stats(self) -> dict[str, int]:
-        """Events applied, batches published, bytes held by reservoirs + adjacency + counts."""
+        """Events and log records applied (and replayed from a checkpoint), the last batch
+        published, the log position, bytes held by reservoirs + adjacency + counts."""
         held = self.res.nbytes + self.adj.cols.nbytes + self.subs.count.nbytes
-        return {"events": self.events, "version": self.version, "bytes": held}
+        return {
+            "events": self.events,
+            "records": self.records,
+            "replayed": self.replayed,
+            "version": self.version,
+            "seq": self.position.seq,
+            "offset": self.position.offset,
+            "bytes": held,
+        }

@@ -1,50 +1,58 @@
-"""DGSService: the DGS architecture (seed 004, Figure 1) on a local Ray cluster.
+"""DGSService: the DGS architecture (seed 004, Figure 1) on a Ray cluster, fed by the log.
 
-Partitioning. Sampling worker i owns the vertex-id range ``KeyRanges.range_of(i)`` and so the
-events u -> v with v in it (the update stream is keyed by the vertex whose reservoir changes).
-Serving worker j owns the query vertices v with ``v % n_serving == j``. The two counts are
-independent constructor arguments.
+Partitioning. Sampling worker i owns the key range ``KeyRanges.owned(i)`` (a contiguous range
+of the starting graph's ids, then every n_sampling-th added id) and so the events u -> v with v
+in it (the update stream is keyed by the vertex whose reservoir changes). Serving worker j owns
+the query vertices v with ``v % n_serving == j``. The two counts are independent.
 
-One update batch (version t) runs in phases; the coordinator (this object) only routes the
-events and waits at the barriers, the data goes worker to worker:
-1. check: each sampling worker replays its events against its adjacency (a delete must find its
-   edge); any rejection rejects the whole batch, which then changes nothing.
-2. ingest: each sampling worker applies its events in order (adjacency, then reservoirs with the
-   PreSampler kernels) and sends, for every changed reservoir R_q(y) some serving worker W reads
+The event stream is the update log (``dynamic.wal``), as DGS's Kafka topic: the coordinator
+(this object) never carries events. It tells the workers that batches through seq t are
+durable (``advance``, the store's version hook; ``apply_events`` first writes the service's own
+log); then, for batch t (all batches up to t at once when several are new):
+1. consume: each sampling worker reads the records after its log position from the
+   :class:`~gnnserve.deploy.dgs.feed.LogFeed` and applies its own events in order (adjacency,
+   then reservoirs with the PreSampler kernels; new vertices get rows and level-0
+   subscriptions), and sends, for every changed reservoir R_q(y) some serving worker W reads
    (y in L_h(W)), +-1 count deltas for the added / removed member to that member's owner.
-3. settle level 1 .. k-1 (subscriptions.py): owners add the net deltas; a count crossing 0 <-> 1
+2. settle level 0 .. k-1 (subscriptions.py): owners add the net deltas; a count crossing 0 <-> 1
    means W now needs / no longer needs that vertex's next-hop reservoir, which sends deltas for
-   the level after it. k - 1 rounds reach the exact subscription tables.
-4. publish: each sampling worker pushes to exactly the subscribed serving workers the reservoirs
+   the level after it. k rounds reach the exact subscription tables.
+3. publish: each sampling worker pushes to exactly the subscribed serving workers the reservoirs
    that changed or became needed, and drops the ones no longer needed; serving workers stage them.
-5. commit: every serving worker applies its staged pushes of batch t at once.
+4. commit: every serving worker applies its staged pushes of batch t at once.
+``apply_events`` checks a batch on the sampling workers (a delete must find its edge) before it
+logs it; a store checks its batches itself.
 
-Consistency model. Batches are applied one at a time, in the order ``apply_events`` is called,
-each event exactly once and each vertex's events in batch order (one owner per vertex, events
-kept in order when split). ``apply_events`` returns after step 5, so any later ``sample`` reads
-batch t or newer; a request reads one committed batch on every serving worker it touches
-(requests are submitted under the lock that commits are, and an actor runs one call at a time).
-Batches carry versions: passing ``version`` makes a replay idempotent (an already applied version
-is skipped, a gap is refused), the exactly-once hook for an upstream durable log. A request is
-answered from the serving workers' local caches only; seeds of several serving workers are split,
-each part sampled by its worker, and the parts merged into exactly the single-worker result.
+Consistency model. Each record is applied exactly once by its workers, in log order (a worker
+applies only the record after its position), each vertex's events in batch order. ``advance``
+returns after step 4, so any later ``sample`` reads batch t or newer; a request reads one
+committed batch on every serving worker it touches (requests are submitted under the lock that
+commits are, and an actor runs one call at a time), and ``sample_at`` reports that batch. A
+request is answered from the serving workers' local caches only; seeds of several serving
+workers are split, each part sampled by its worker, and the parts merged into exactly the
+single-worker result.
 
 Failures. A serving worker that dies is replaced: the request that met the death fails with
 :class:`~gnnserve.errors.WorkerFailedError` (HTTP 503 with a retry hint; the details go to the
 log), and a new worker at the last committed batch gets, from every sampling worker, exactly the
-reservoirs it last pushed to the old one (``resync``), so its cache equals the one lost. A death
-found during an update batch is handled the same way at that batch's commit. Between the
-replacement and the next request or batch nothing else changes. A sampling worker that dies
-takes its reservoirs and adjacency with it: that is not recovered here (the caller gives up on
-DGS and samples locally).
+reservoirs it last pushed to the old one (``resync``). A sampling worker that dies (found when a
+batch calls it) is rebuilt from its last checkpoint (``recovery``) and replays the log from the
+checkpoint's position; since its reservoirs depend only on its events and per-vertex
+randomness, they equal those of a worker that never died. The subscription counts, which other
+workers' messages built, are then recounted everywhere in a new epoch and every serving cache
+is replaced by full copies, at the batch being applied (``_rebuild_once``).
 """
 
 from __future__ import annotations
 
 import logging
+import shutil
+import tempfile
 import threading
 import time
+import uuid
 from itertools import chain
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -52,20 +60,23 @@ import ray
 from ray.exceptions import RayActorError
 
 from gnnserve.data.validate import check_node_ids
+from gnnserve.deploy.dgs.feed import LogFeed, LogSource, Position, events_batch, on_this_node
+from gnnserve.deploy.dgs.merge import merge_samples, writable
 from gnnserve.deploy.dgs.partition import KeyRanges, Modulo, split
-from gnnserve.deploy.dgs.sampling_worker import SamplingWorker
+from gnnserve.deploy.dgs.recovery import Checkpoints
+from gnnserve.deploy.dgs.sampling_worker import Csr, SamplingWorker
 from gnnserve.deploy.dgs.serving_worker import ServingWorker
 from gnnserve.deploy.ray import start_ray, stop_ray
+from gnnserve.dynamic.wal import UpdateLog
 from gnnserve.errors import InvalidInputError, WorkerFailedError
 from gnnserve.fanouts import check_fanouts
-from gnnserve.sampling import presample_kernels as pk
 from gnnserve.sampling.presample import DELETE, INSERT, check_csr
 from gnnserve.sampling.sampler import to_subgraph
 from gnnserve.types import SampledSubgraph
 
 _SamplingActor = ray.remote(num_cpus=0)(SamplingWorker)
 _ServingActor = ray.remote(num_cpus=0)(ServingWorker)
-_IDENTITY = np.empty(0, dtype=np.int64)
+_FeedActor = ray.remote(num_cpus=0)(LogFeed)
 log = logging.getLogger(__name__)
 
 
@@ -80,8 +91,10 @@ class DGSService:
     """Sampling workers + serving workers for the k-hop query ``fanouts`` over a CSR graph.
 
     ``indptr`` / ``indices``: in-neighbour CSR of N vertices; ``query_vertices``: ids requests
-    may ask for (default all). Uses the running Ray instance or starts a local one
-    (``num_cpus`` logical CPUs; the workers reserve none).
+    may ask for (default all; added vertices always are). ``log``: the update log the workers
+    consume and where they start in it (a store's log, fed by ``advance``); without one the
+    service keeps its own log, written by ``apply_events``. Uses the running Ray instance or
+    starts a local one (``num_cpus`` logical CPUs; the workers reserve none).
     """
 
     def __init__(
@@ -94,6 +107,8 @@ class DGSService:
         seed: int = 0,
         query_vertices: np.ndarray | None = None,
         num_cpus: int | None = None,
+        log: LogSource | None = None,
+        checkpoint_every: int = 64,
     ) -> None:
         self.fanouts = check_fanouts(fanouts, allow_all=False)  # a reservoir holds no "all"
         queries = list(dict.fromkeys(self.fanouts))
@@ -106,28 +121,42 @@ class DGSService:
         self.is_query = np.zeros(self.num_nodes, dtype=bool)
         qv = np.arange(self.num_nodes) if query_vertices is None else query_vertices
         self.is_query[check_node_ids(qv, self.num_nodes, "query_vertices")] = True
+        self.dir = Path(tempfile.mkdtemp(prefix=f"gnnserve-dgs-{uuid.uuid4().hex[:8]}-"))
+        self._own_log = UpdateLog(self.dir / "updates.log", "never") if log is None else None
+        self.log = log or LogSource(self.dir / "updates.log", Position(0, 0), dim=0)
+        self.checkpoints = Checkpoints(self.dir, _count(checkpoint_every, "checkpoint_every"))
         self._owns_ray = start_ray(num_cpus or n_sampling + n_serving)
         self._lock = threading.Lock()  # commits vs request submission
         self._write_lock = threading.Lock()  # one batch at a time
-        self.version = -1  # last committed batch
+        self.version = self.log.start.seq  # last committed batch
+        self.epoch = 0  # recovery epoch (sampling_worker module doc)
         self.replaced = 0  # serving workers replaced after they died
+        self.rebuilt = 0  # sampling workers rebuilt from their checkpoints
+        self._feed: Any = _FeedActor.options(**on_this_node()).remote(str(self.log.path))
         self._servers: list[Any] = [
-            _ServingActor.remote(j, self.num_nodes, self.fanouts) for j in range(n_serving)
+            _ServingActor.remote(j, self.num_nodes, self.fanouts, self.version - 1)
+            for j in range(n_serving)
         ]
         self._samplers: list[Any] = [
-            self._sampler(i, indptr, indices, seed) for i in range(n_sampling)
+            self._sampler(i, seed, csr=self._rows(i, indptr, indices)) for i in range(n_sampling)
         ]
+        self._seed = seed
         _wait([w.connect.remote(self._samplers, self._servers) for w in self._samplers])
-        self._propagate(0, first_level=0)
+        self._propagate(self.version, self.num_nodes)
+        self.checkpoints.take(self._samplers, self.version, force=True, wait=True)
 
-    def _sampler(self, i: int, indptr: np.ndarray, indices: np.ndarray, seed: int) -> Any:
-        """Start sampling worker i with the CSR rows of its key range."""
+    def _rows(self, i: int, indptr: np.ndarray, indices: np.ndarray) -> Csr:
+        """The CSR rows of sampling worker i's key range, and which are query vertices."""
         lo, hi = self.ranges.range_of(i)
         rows = indptr[lo : hi + 1]
-        sub_indices = np.asarray(indices[rows[0] : rows[-1]], dtype=np.int64)
+        sub = np.asarray(indices[rows[0] : rows[-1]], dtype=np.int64)
+        return rows - rows[0], sub, self.is_query[lo:hi]
+
+    def _sampler(self, i: int, seed: int, csr: Csr | None = None, ckpt: bytes | None = None) -> Any:
+        """Start sampling worker i from its CSR rows or from a checkpoint."""
         return _SamplingActor.remote(
-            i, self.ranges.bounds, rows - rows[0], sub_indices, self.fanouts, seed,
-            self.serving.parts, self.is_query[lo:hi],
+            i, self.ranges, self.fanouts, seed, self.serving.parts, self._feed, self.log.dim,
+            self.log.start, csr=csr, checkpoint=ckpt,
         )  # fmt: skip
 
     # updates ---------------------------------------------------------------------------------
@@ -137,30 +166,51 @@ class DGSService:
         srcs: np.ndarray,
         dsts: np.ndarray,
         version: int | None = None,
+        add_nodes: int = 0,
     ) -> int:
-        """Apply a batch of edge events (INSERT 0 / DELETE 1 of srcs[i] -> dsts[i]) in order.
+        """Add ``add_nodes`` vertices (the next ids), then apply a batch of edge events (INSERT 0
+        / DELETE 1 of srcs[i] -> dsts[i]) in order, through this service's own log.
 
         All or nothing: a bad event raises InvalidInputError and changes nothing. Returns the
         committed batch version; ``version`` (optional) = version + 1 expected, <= current skips.
         """
+        if self._own_log is None:
+            raise RuntimeError("this service consumes a store's log: updates go to the store")
         with self._write_lock:
             if version is not None and self._replayed(version):
                 return self.version
-            kinds, srcs, dsts = self._check_events(kinds, srcs, dsts)
-            if kinds.size == 0:
-                return self.version
-            parts = split(self.ranges.owner(dsts), self.ranges.parts)
-            self._check_deletes(parts, kinds, srcs, dsts)
+            n = self.num_nodes + _count(add_nodes + 1, "add_nodes + 1") - 1
             t = self.version + 1
-            acks = ray.get(
-                [
-                    self._samplers[i].ingest.remote(t, kinds[p], srcs[p], dsts[p])
-                    for i, p in enumerate(parts)
-                    if p.size
-                ]
-            )
-            self._propagate(t, first_level=1, acks=acks)
+            kinds, srcs, dsts = self._check_events(kinds, srcs, dsts, n)
+            if kinds.size == 0 and n == self.num_nodes:
+                return self.version
+            try:
+                self._check_deletes(kinds, srcs, dsts, n)
+            except RayActorError as exc:  # rebuild at the last batch, then check on it
+                log.warning("DGS: a sampling worker died before batch %d: %s", t, exc)
+                self._rebuild(self.version, self.num_nodes)
+                self._check_deletes(kinds, srcs, dsts, n)
+            self._own_log.append_frame(t, events_batch(n - self.num_nodes, kinds, srcs, dsts))
+            self._advance(t, n)
             return t
+
+    def advance(self, seq: int, num_nodes: int) -> int:
+        """Batches through ``seq`` are in the log (the graph has ``num_nodes`` vertices): the
+        workers consume them, and they are committed together. Returns the committed batch."""
+        with self._write_lock:
+            if seq > self.version:
+                self._advance(seq, num_nodes)
+            return self.version
+
+    def _advance(self, seq: int, num_nodes: int) -> None:
+        """Consume through ``seq`` and commit; rebuild the workers that died on the way."""
+        try:
+            acks = ray.get([w.consume.remote(seq) for w in self._samplers])
+            self._propagate(seq, num_nodes, acks)
+        except RayActorError as exc:
+            log.warning("DGS: a sampling worker died during batch %d: %s", seq, exc)
+            self._rebuild(seq, num_nodes)
+        self.checkpoints.take(self._samplers, seq)
 
     def _replayed(self, version: int) -> bool:
         """True when batch ``version`` is already applied; InvalidInputError on a gap."""
@@ -173,15 +223,15 @@ class DGSService:
         return False
 
     def _check_events(
-        self, kinds: np.ndarray, srcs: np.ndarray, dsts: np.ndarray
+        self, kinds: np.ndarray, srcs: np.ndarray, dsts: np.ndarray, num_nodes: int
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Events as int64 arrays of equal length, kinds in {INSERT, DELETE}, ids < N."""
         kinds_arr = np.asarray(kinds)
         if kinds_arr.size and not np.issubdtype(kinds_arr.dtype, np.integer):
             raise InvalidInputError(f"event kinds must be integers, got {kinds_arr.dtype}", "kinds")
         kinds_arr = kinds_arr.astype(np.int64)
-        srcs = check_node_ids(srcs, self.num_nodes, "src")
-        dsts = check_node_ids(dsts, self.num_nodes, "dst")
+        srcs = check_node_ids(srcs, num_nodes, "src")
+        dsts = check_node_ids(dsts, num_nodes, "dst")
         if kinds_arr.ndim != 1 or not kinds_arr.size == srcs.size == dsts.size:
             raise InvalidInputError("kinds, srcs and dsts must be 1-D of equal length", "kinds")
         bad = np.flatnonzero((kinds_arr != INSERT) & (kinds_arr != DELETE))
@@ -194,13 +244,16 @@ class DGSService:
         return kinds_arr, srcs, dsts
 
     def _check_deletes(
-        self, parts: list[np.ndarray], kinds: np.ndarray, srcs: np.ndarray, dsts: np.ndarray
+        self, kinds: np.ndarray, srcs: np.ndarray, dsts: np.ndarray, num_nodes: int
     ) -> None:
         """Reject the batch if some delete finds no edge (first such event in batch order)."""
+        parts = split(self.ranges.owner(dsts), self.ranges.parts)
         owners = [i for i, p in enumerate(parts) if p.size]
         found = ray.get(
             [
-                self._samplers[i].check.remote(kinds[parts[i]], srcs[parts[i]], dsts[parts[i]])
+                self._samplers[i].check.remote(
+                    kinds[parts[i]], srcs[parts[i]], dsts[parts[i]], num_nodes
+                )
                 for i in owners
             ]
         )
@@ -209,24 +262,38 @@ class DGSService:
             pos, why = min(bad)
             raise InvalidInputError(f"event {pos}: {why}; batch rejected", "dsts")
 
-    def _propagate(
-        self, version: int, first_level: int, acks: list[list[Any]] | None = None
-    ) -> None:
+    def _propagate(self, version: int, num_nodes: int, acks: list[list[Any]] | None = None) -> None:
         """Phases 3-5 of a batch: settle the levels, publish, commit on every serving worker.
 
         A serving worker found dead when its pushes or its commit are awaited is replaced at
         this batch (the sampling workers' pushed state is this batch's by then)."""
         _wait(acks or [])
-        for level in range(first_level, len(self.fanouts)):
-            _wait(ray.get([w.settle.remote(level) for w in self._samplers]))
+        self._settle()
         pushes = chain.from_iterable(ray.get([w.publish.remote(version) for w in self._samplers]))
         dead = {w for w, ref in pushes if not _alive(ref)}
+        self._commit(version, num_nodes, dead)
+
+    def _settle(self) -> None:
+        """Settle every level of subscription counts, in order (``subscriptions``)."""
+        for level in range(len(self.fanouts)):
+            _wait(ray.get([w.settle.remote(level) for w in self._samplers]))
+
+    def _commit(self, version: int, num_nodes: int, dead: set[int]) -> None:
+        """Commit ``version`` on every serving worker; replace those that died."""
         with self._lock:
             for j, server in enumerate(self._servers):
-                if j not in dead and not _alive(server.commit.remote(version)):
+                if j not in dead and not _alive(server.commit.remote(version, num_nodes)):
                     dead.add(j)
+            self._grow(num_nodes)
             self.version = version
             self._replace(sorted(dead))
+
+    def _grow(self, num_nodes: int) -> None:
+        """The graph has ``num_nodes`` vertices; the new ones are query vertices."""
+        extra = num_nodes - self.num_nodes
+        if extra > 0:
+            self.is_query = np.concatenate([self.is_query, np.ones(extra, dtype=bool)])
+            self.num_nodes = num_nodes
 
     # failures --------------------------------------------------------------------------------
     def recover(self) -> list[int]:
@@ -243,7 +310,7 @@ class DGSService:
             return
         start = time.perf_counter()
         for j in dead:
-            self._servers[j] = _ServingActor.remote(j, self.num_nodes, self.fanouts, self.version)
+            self._servers[j] = self._server(j)
         _wait([w.connect.remote(self._samplers, self._servers) for w in self._samplers])
         _wait(ray.get([w.resync.remote(j) for w in self._samplers for j in dead]))
         self.replaced += len(dead)
@@ -254,16 +321,62 @@ class DGSService:
             time.perf_counter() - start,
         )
 
+    def _server(self, j: int) -> Any:
+        """A new serving worker j at the committed batch, with an empty cache."""
+        return _ServingActor.remote(j, self.num_nodes, self.fanouts, self.version)
+
+    def _rebuild(self, seq: int, num_nodes: int, tries: int = 3) -> None:
+        """Rebuild the workers that died and bring every worker to batch ``seq``."""
+        for attempt in range(tries):
+            try:
+                self._rebuild_once(seq, num_nodes)
+                return
+            except RayActorError as exc:
+                log.warning("DGS: a worker died while rebuilding (try %d): %s", attempt + 1, exc)
+        raise WorkerFailedError(f"DGS workers died {tries} times while recovering batch {seq}")
+
+    def _rebuild_once(self, seq: int, num_nodes: int) -> None:
+        """Sampling workers that died restart from their checkpoints and replay the log to
+        ``seq`` (the others consume to it too); all counts are recounted in a new epoch, and
+        every serving worker's cache is replaced by full copies at ``seq``."""
+        start = time.perf_counter()
+        dead = [i for i, w in enumerate(self._samplers) if not _alive(w.pid.remote())]
+        gone = {j for j, s in enumerate(self._servers) if not _alive(s.ping.remote())}
+        for i in dead:
+            self._samplers[i] = self._sampler(i, self._seed, ckpt=self.checkpoints.load(i))
+        for j in gone:
+            self._servers[j] = self._server(j)
+        self.epoch += 1
+        _wait([w.connect.remote(self._samplers, self._servers) for w in self._samplers])
+        _wait([s.reset.remote(self.epoch) for s in self._servers])
+        _wait([w.consume.remote(seq, replay=True) for w in self._samplers])
+        _wait([w.recount.remote(self.epoch) for w in self._samplers])
+        self._settle()
+        _wait(ray.get([w.republish.remote(seq) for w in self._samplers]))
+        self._commit(seq, num_nodes, set())
+        self.rebuilt += len(dead)
+        self.replaced += len(gone)
+        log.warning(
+            "DGS: sampling worker(s) %s rebuilt from their checkpoints at batch %d in %.1f s",
+            dead,
+            seq,
+            time.perf_counter() - start,
+        )
+
     # requests --------------------------------------------------------------------------------
     def sample(self, seeds: np.ndarray) -> SampledSubgraph:
         """k-hop sample of ``seeds`` (duplicates allowed) from the serving workers' caches.
 
         Equal to ``PreSampler.sample(seeds)`` for the same seed and event sequence.
         """
-        seeds = self._check_seeds(seeds)
-        groups = [g for g in split(self.serving.owner(seeds), self.serving.parts) if g.size]
-        owners = self.serving.owner(seeds[[g[0] for g in groups]]).tolist()
+        return self.sample_at(seeds)[1]
+
+    def sample_at(self, seeds: np.ndarray) -> tuple[int, SampledSubgraph]:
+        """(batch the sample reflects, ``sample(seeds)``)."""
         with self._lock:
+            seeds = self._check_seeds(seeds)
+            groups = [g for g in split(self.serving.owner(seeds), self.serving.parts) if g.size]
+            owners = self.serving.owner(seeds[[g[0] for g in groups]]).tolist()
             refs = [
                 self._servers[w].sample.remote(seeds[g])
                 for w, g in zip(owners, groups, strict=True)
@@ -277,12 +390,13 @@ class DGSService:
                 "a DGS serving worker failed while answering this request and was replaced; "
                 "retry the request"
             ) from None
-        if len({v for v, _ in parts}) != 1:
+        versions = {v for v, _ in parts}
+        if len(versions) != 1:
             raise RuntimeError("serving workers answered from different batches")
-        subgraphs = [to_subgraph(_writable(arrays), self.hop_query.size) for _, arrays in parts]
+        subgraphs = [to_subgraph(writable(arrays), self.hop_query.size) for _, arrays in parts]
         if len(subgraphs) == 1:
-            return subgraphs[0]
-        return merge_samples(seeds, subgraphs, self.hop_query, self._fans)
+            return versions.pop(), subgraphs[0]
+        return versions.pop(), merge_samples(seeds, subgraphs, self.hop_query, self._fans)
 
     def warm_up(self) -> None:
         """Compile each sampling worker's update path (``SamplingWorker.warm_up``) and answer
@@ -330,12 +444,17 @@ class DGSService:
         return ray.get([w.stats.remote() for w in self._samplers])  # type: ignore[no-any-return]
 
     def shutdown(self) -> None:
-        """Stop the workers, and Ray if this service started it."""
-        for actor in self._samplers + self._servers:
+        """Stop the workers (and Ray if this service started it); remove the deployment's
+        directory (checkpoints, its own log)."""
+        self.checkpoints.close()
+        for actor in [*self._samplers, *self._servers, self._feed]:
             ray.kill(actor)
         self._samplers, self._servers = [], []
         stop_ray(self._owns_ray)
         self._owns_ray = False
+        if self._own_log is not None:
+            self._own_log.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
 
     def __enter__(self) -> DGSService:
         return self
@@ -357,43 +476,3 @@ def _wait(refs: list[Any]) -> None:
     """Wait for ObjectRefs, given flat or as lists of lists (acks returned by workers)."""
     flat = list(chain.from_iterable(r if isinstance(r, list) else [r] for r in refs))
     ray.get(flat)
-
-
-def _writable(assembled: tuple[Any, ...]) -> tuple[Any, ...]:
-    """Ray hands large arrays over read-only (zero-copy from its object store); copy those,
-    as torch tensors made from them must own writable memory."""
-    return tuple(
-        a.copy() if isinstance(a, np.ndarray) and not a.flags.writeable else a for a in assembled
-    )
-
-
-def merge_samples(
-    seeds: np.ndarray, parts: list[SampledSubgraph], hop_query: np.ndarray, fans: np.ndarray
-) -> SampledSubgraph:
-    """The sample of ``seeds`` assembled from samples of disjoint groups of them.
-
-    Each part's block h holds, per destination in order, its hop-h reservoir in slot order; the
-    union of the parts holds every reservoir the whole request reads (L_h of a union is the
-    union of the L_h), so assembling from them on compact ids reproduces the single-cache
-    result (assembly depends only on first-appearance order, not on id values).
-    """
-    ids = np.unique(np.concatenate([p.nodes for p in parts]))
-    cols = np.concatenate([[0], np.cumsum(fans)[:-1]]).astype(np.int64)
-    table = np.full((ids.size, int(fans.sum())), -1, dtype=np.int64)
-    counts = np.full((ids.size, fans.size), -1, dtype=np.int64)
-    for part in parts:
-        local = np.searchsorted(ids, part.nodes)
-        for h, block in enumerate(reversed(part.blocks)):
-            src, dst = block.edge_index.numpy()
-            q = int(hop_query[h])
-            per_dst = np.bincount(dst, minlength=block.n_dst)
-            counts[local[: block.n_dst], q] = per_dst
-            slot = np.arange(dst.size) - np.concatenate([[0], np.cumsum(per_dst)[:-1]])[dst]
-            table[local[dst], cols[q] + slot] = local[src]
-    local_id = np.full(ids.size, -1, dtype=np.int64)
-    out = pk.assemble(
-        table, counts, cols, hop_query, np.searchsorted(ids, seeds), local_id, _IDENTITY
-    )
-    if out[6] >= 0:
-        raise RuntimeError(f"merged parts miss a reservoir of vertex {ids[out[6]]}")
-    return to_subgraph((ids[out[0]], *out[1:]), hop_query.size)

@@ -7,8 +7,10 @@ calls a sampling worker, and the result is the PreSampler's whenever the cache h
 reservoirs.
 
 Updates arrive as ``Push`` messages tagged with a batch version; they are staged and applied
-together by ``commit(version)``. An actor runs one call at a time, so a request sees the cache
-either before or after a whole batch, never half of it.
+together by ``commit(version, num_nodes)``. An actor runs one call at a time, so a request sees
+the cache either before or after a whole batch, never half of it. After a sampling worker was
+rebuilt, ``reset(epoch)`` drops what was staged, pushes of older epochs still in flight are
+ignored, and the batch commits full copies (``Push.replace``) that replace the whole cache.
 """
 
 from __future__ import annotations
@@ -63,6 +65,20 @@ class ServingCache:
         self.vertex_of[empty] = -1
         self.free.extend(empty.tolist())
 
+    def clear(self) -> None:
+        """Forget every reservoir."""
+        self.row_of[self.vertex_of[self.vertex_of >= 0]] = -1
+        self.vertex_of[:] = -1
+        self.counts[:] = -1
+        self.free = list(range(self.vertex_of.size - 1, -1, -1))
+
+    def resize(self, num_nodes: int) -> None:
+        """The graph has ``num_nodes`` vertices now (it only grows)."""
+        extra = num_nodes - self.row_of.size
+        if extra > 0:
+            self.row_of = np.concatenate([self.row_of, np.full(extra, -1, dtype=np.int64)])
+            self.local_id = np.concatenate([self.local_id, np.full(extra, -1, dtype=np.int64)])
+
     def _allocate(self, vertices: np.ndarray) -> None:
         """Give a row to each vertex in ``vertices`` that has none."""
         new = vertices[self.row_of[vertices] < 0]
@@ -116,6 +132,7 @@ class ServingWorker:
         self.cache = ServingCache(num_nodes, fanouts)
         self.version = version
         self.staged: list[Push] = []
+        self.epoch = 0  # pushes of an older epoch are dropped (module doc)
         self.requests = 0
 
     def pid(self) -> int:
@@ -133,16 +150,29 @@ class ServingWorker:
         self.cache.upsert(push)
 
     def stage(self, push: Push) -> None:
-        """Keep a sampling worker's push until its batch commits."""
-        if push.version != self.version + 1:
+        """Keep a sampling worker's push until its batch commits (one of an older epoch is
+        dropped)."""
+        if push.epoch < self.epoch:
+            return
+        if push.version < self.version or (push.version == self.version and not push.replace):
             raise RuntimeError(f"push of batch {push.version} after batch {self.version}")
         self.staged.append(push)
 
-    def commit(self, version: int) -> int:
-        """Apply every staged push of batch ``version`` at once; returns the version."""
-        if version != self.version + 1:
-            raise RuntimeError(f"commit of batch {version} after batch {self.version}")
+    def reset(self, epoch: int) -> None:
+        """Drop what was staged; from now on accept pushes of ``epoch`` only."""
+        self.epoch, self.staged = epoch, []
+
+    def commit(self, version: int, num_nodes: int) -> int:
+        """Apply every staged push of batch ``version`` (the graph then has ``num_nodes``
+        vertices) at once; returns the version. The committed batch again only with full
+        copies (a recovery at the last batch)."""
         staged, self.staged = self.staged, []
+        again = version == self.version and all(push.replace for push in staged)
+        if version < self.version or (version == self.version and not again):
+            raise RuntimeError(f"commit of batch {version} after batch {self.version}")
+        self.cache.resize(num_nodes)
+        if any(push.replace for push in staged):
+            self.cache.clear()
         for push in staged:
             self.cache.upsert(push)
         for push in staged:

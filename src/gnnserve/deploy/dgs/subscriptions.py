@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from gnnserve.deploy.dgs.partition import OwnedIds
 from gnnserve.sampling.presample import ReservoirTable
 
 DELTA_COLUMNS = ("serving", "level", "vertex", "delta")  # int64 [m, 4] messages between owners
@@ -40,6 +41,8 @@ class Push:
     values: np.ndarray  # int64 [m, max fanout] its members in slot order, -1 padded
     drop_query: np.ndarray  # int64 [d] one-hop query of each reservoir no longer needed
     drop_vertex: np.ndarray  # int64 [d] its vertex
+    epoch: int = 0  # the sampling workers' recovery epoch it was computed in
+    replace: bool = False  # a full copy: the serving worker clears its cache before applying
 
     @property
     def size(self) -> int:
@@ -55,14 +58,14 @@ def deltas(serving: np.ndarray, level: int, vertex: np.ndarray, delta: np.ndarra
 
 
 class SubscriptionTable:
-    """Reference counts of one sampling worker's rows (vertices ``offset + row``).
+    """Reference counts of one sampling worker's rows (``ids`` maps rows to vertices).
 
     Memory: 4 bytes per (row, serving worker, hop) count plus 1 byte per (row, serving worker,
     query) of the last pushed state.
     """
 
-    def __init__(self, rows: int, offset: int, n_serving: int, hop_query: np.ndarray) -> None:
-        self.offset = offset
+    def __init__(self, rows: int, ids: OwnedIds, n_serving: int, hop_query: np.ndarray) -> None:
+        self.ids = ids
         self.hop_query = np.asarray(hop_query, dtype=np.int64)
         self.n_queries = int(self.hop_query.max()) + 1
         self.count = np.zeros((rows, n_serving, self.hop_query.size), dtype=np.int32)
@@ -76,7 +79,7 @@ class SubscriptionTable:
         Uses the counts BEFORE this batch's messages are settled; records the changes for
         ``diff``.
         """
-        rows = changes[:, 1] - self.offset
+        rows = self.ids.rows(changes[:, 1])
         self._changed.append(np.stack([rows, changes[:, 0]], axis=1))
         out = []
         for h in range(self.hop_query.size - 1):
@@ -91,7 +94,7 @@ class SubscriptionTable:
     def settle(self, level: int, msgs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Add the net messages of ``level``; returns the crossings (rows, serving, +1 / -1)."""
         n_serving = self.count.shape[1]
-        keys = (msgs[:, 2] - self.offset) * n_serving + msgs[:, 0]
+        keys = self.ids.rows(msgs[:, 2]) * n_serving + msgs[:, 0]
         uniq, inv = np.unique(keys, return_inverse=True)
         net = np.zeros(uniq.size, dtype=np.int64)
         np.add.at(net, inv, msgs[:, 3])
@@ -114,7 +117,7 @@ class SubscriptionTable:
         block = res.table[rows, c : c + f]
         held = np.arange(f)[None, :] < res.counts[rows, q][:, None]
         per_row = held.sum(axis=1)
-        own = deltas(w, level + 1, rows + self.offset, sign)
+        own = deltas(w, level + 1, self.ids.vertices(rows), sign)
         sample = deltas(np.repeat(w, per_row), level + 1, block[held], np.repeat(sign, per_row))
         return np.concatenate([own, sample])
 
@@ -165,11 +168,37 @@ class SubscriptionTable:
             values[sel, :f] = block
         dr, dq = np.nonzero(drop)
         return Push(
-            version, q.astype(np.int64), rows[r] + self.offset, res.counts[rows[r], q],
-            values, dq.astype(np.int64), rows[dr] + self.offset,
+            version, q.astype(np.int64), self.ids.vertices(rows[r]), res.counts[rows[r], q],
+            values, dq.astype(np.int64), self.ids.vertices(rows[dr]),
         )  # fmt: skip
 
     def table(self) -> np.ndarray:
         """int64 [m, 3] (query, vertex, serving worker) of every live subscription."""
         r, w, q = np.nonzero(self.subscribed(np.arange(self.count.shape[0])))
-        return np.stack([q, r + self.offset, w], axis=1).astype(np.int64)
+        return np.stack([q, self.ids.vertices(r), w], axis=1).astype(np.int64)
+
+    def grow(self, rows: int) -> None:
+        """Make room for ``rows`` rows (new rows: no subscriber, nothing pushed)."""
+        extra = rows - self.count.shape[0]
+        if extra > 0:
+            self.count = np.concatenate([self.count, np.zeros_like(self.count[:extra])])
+            self.pushed = np.concatenate([self.pushed, np.zeros_like(self.pushed[:extra])])
+
+    def reset(self) -> None:
+        """Forget every count and pending change (a recount follows: ``SamplingWorker.recount``)."""
+        self.count[:] = 0
+        self._dirty, self._changed = [], []
+
+    def full(self, res: ReservoirTable, version: int, epoch: int) -> dict[int, Push]:
+        """Per serving worker, every reservoir it needs now, as a replacing Push (also when
+        empty); the pushed state becomes the subscribed one."""
+        rows = np.arange(self.count.shape[0])
+        self.pushed[:] = self.subscribed(rows)
+        self._dirty, self._changed = [], []
+        out = {}
+        for w in range(self.count.shape[1]):
+            up = self.pushed[:, w, :]
+            push = self._push(res, rows, up, np.zeros_like(up), version)
+            push.epoch, push.replace = epoch, True
+            out[w] = push
+        return out
