@@ -49,7 +49,6 @@ import logging
 import shutil
 import tempfile
 import threading
-import time
 import uuid
 from itertools import chain
 from pathlib import Path
@@ -60,34 +59,26 @@ import ray
 from ray.exceptions import RayActorError
 
 from gnnserve.data.validate import check_node_ids
+from gnnserve.deploy.dgs.checks import check_events, check_seeds, positive_count
 from gnnserve.deploy.dgs.feed import LogFeed, LogSource, Position, events_batch, on_this_node
 from gnnserve.deploy.dgs.merge import merge_samples, writable
 from gnnserve.deploy.dgs.partition import KeyRanges, Modulo, split
-from gnnserve.deploy.dgs.recovery import Checkpoints
+from gnnserve.deploy.dgs.recovery import Checkpoints, Recovery, ServingActor, alive, wait
 from gnnserve.deploy.dgs.sampling_worker import Csr, SamplingWorker
-from gnnserve.deploy.dgs.serving_worker import ServingWorker
 from gnnserve.deploy.ray import start_ray, stop_ray
 from gnnserve.dynamic.wal import UpdateLog
 from gnnserve.errors import InvalidInputError, WorkerFailedError
 from gnnserve.fanouts import check_fanouts
-from gnnserve.sampling.presample import DELETE, INSERT, check_csr
+from gnnserve.sampling.presample import check_csr
 from gnnserve.sampling.sampler import to_subgraph
 from gnnserve.types import SampledSubgraph
 
 _SamplingActor = ray.remote(num_cpus=0)(SamplingWorker)
-_ServingActor = ray.remote(num_cpus=0)(ServingWorker)
 _FeedActor = ray.remote(num_cpus=0)(LogFeed)
 log = logging.getLogger(__name__)
 
 
-def _count(value: object, field: str) -> int:
-    """A worker count: an int >= 1."""
-    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
-        raise InvalidInputError(f"{field} must be an int >= 1, got {value!r}", field)
-    return int(value)
-
-
-class DGSService:
+class DGSService(Recovery):
     """Sampling workers + serving workers for the k-hop query ``fanouts`` over a CSR graph.
 
     ``indptr`` / ``indices``: in-neighbour CSR of N vertices; ``query_vertices``: ids requests
@@ -116,15 +107,17 @@ class DGSService:
         self._fans = np.array(queries, dtype=np.int64)
         indptr, indices = check_csr(indptr, indices)
         self.num_nodes = indptr.size - 1
-        self.ranges = KeyRanges(self.num_nodes, _count(n_sampling, "n_sampling"))
-        self.serving = Modulo(_count(n_serving, "n_serving"))
+        self.ranges = KeyRanges(self.num_nodes, positive_count(n_sampling, "n_sampling"))
+        self.serving = Modulo(positive_count(n_serving, "n_serving"))
         self.is_query = np.zeros(self.num_nodes, dtype=bool)
         qv = np.arange(self.num_nodes) if query_vertices is None else query_vertices
         self.is_query[check_node_ids(qv, self.num_nodes, "query_vertices")] = True
         self.dir = Path(tempfile.mkdtemp(prefix=f"gnnserve-dgs-{uuid.uuid4().hex[:8]}-"))
         self._own_log = UpdateLog(self.dir / "updates.log", "never") if log is None else None
         self.log = log or LogSource(self.dir / "updates.log", Position(0, 0), dim=0)
-        self.checkpoints = Checkpoints(self.dir, _count(checkpoint_every, "checkpoint_every"))
+        self.checkpoints = Checkpoints(
+            self.dir, positive_count(checkpoint_every, "checkpoint_every")
+        )
         self._owns_ray = start_ray(num_cpus or n_sampling + n_serving)
         self._lock = threading.Lock()  # commits vs request submission
         self._write_lock = threading.Lock()  # one batch at a time
@@ -134,14 +127,14 @@ class DGSService:
         self.rebuilt = 0  # sampling workers rebuilt from their checkpoints
         self._feed: Any = _FeedActor.options(**on_this_node()).remote(str(self.log.path))
         self._servers: list[Any] = [
-            _ServingActor.remote(j, self.num_nodes, self.fanouts, self.version - 1)
+            ServingActor.remote(j, self.num_nodes, self.fanouts, self.version - 1)
             for j in range(n_serving)
         ]
         self._samplers: list[Any] = [
             self._sampler(i, seed, csr=self._rows(i, indptr, indices)) for i in range(n_sampling)
         ]
         self._seed = seed
-        _wait([w.connect.remote(self._samplers, self._servers) for w in self._samplers])
+        wait([w.connect.remote(self._samplers, self._servers) for w in self._samplers])
         self._propagate(self.version, self.num_nodes)
         self.checkpoints.take(self._samplers, self.version, force=True, wait=True)
 
@@ -179,9 +172,9 @@ class DGSService:
         with self._write_lock:
             if version is not None and self._replayed(version):
                 return self.version
-            n = self.num_nodes + _count(add_nodes + 1, "add_nodes + 1") - 1
+            n = self.num_nodes + positive_count(add_nodes + 1, "add_nodes + 1") - 1
             t = self.version + 1
-            kinds, srcs, dsts = self._check_events(kinds, srcs, dsts, n)
+            kinds, srcs, dsts = check_events(kinds, srcs, dsts, n)
             if kinds.size == 0 and n == self.num_nodes:
                 return self.version
             try:
@@ -222,27 +215,6 @@ class DGSService:
             )
         return False
 
-    def _check_events(
-        self, kinds: np.ndarray, srcs: np.ndarray, dsts: np.ndarray, num_nodes: int
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Events as int64 arrays of equal length, kinds in {INSERT, DELETE}, ids < N."""
-        kinds_arr = np.asarray(kinds)
-        if kinds_arr.size and not np.issubdtype(kinds_arr.dtype, np.integer):
-            raise InvalidInputError(f"event kinds must be integers, got {kinds_arr.dtype}", "kinds")
-        kinds_arr = kinds_arr.astype(np.int64)
-        srcs = check_node_ids(srcs, num_nodes, "src")
-        dsts = check_node_ids(dsts, num_nodes, "dst")
-        if kinds_arr.ndim != 1 or not kinds_arr.size == srcs.size == dsts.size:
-            raise InvalidInputError("kinds, srcs and dsts must be 1-D of equal length", "kinds")
-        bad = np.flatnonzero((kinds_arr != INSERT) & (kinds_arr != DELETE))
-        if bad.size:
-            i = int(bad[0])
-            raise InvalidInputError(
-                f"event {i}: kind {int(kinds_arr[i])} is neither INSERT (0) nor DELETE (1)",
-                "kinds",
-            )
-        return kinds_arr, srcs, dsts
-
     def _check_deletes(
         self, kinds: np.ndarray, srcs: np.ndarray, dsts: np.ndarray, num_nodes: int
     ) -> None:
@@ -267,22 +239,22 @@ class DGSService:
 
         A serving worker found dead when its pushes or its commit are awaited is replaced at
         this batch (the sampling workers' pushed state is this batch's by then)."""
-        _wait(acks or [])
+        wait(acks or [])
         self._settle()
         pushes = chain.from_iterable(ray.get([w.publish.remote(version) for w in self._samplers]))
-        dead = {w for w, ref in pushes if not _alive(ref)}
+        dead = {w for w, ref in pushes if not alive(ref)}
         self._commit(version, num_nodes, dead)
 
     def _settle(self) -> None:
         """Settle every level of subscription counts, in order (``subscriptions``)."""
         for level in range(len(self.fanouts)):
-            _wait(ray.get([w.settle.remote(level) for w in self._samplers]))
+            wait(ray.get([w.settle.remote(level) for w in self._samplers]))
 
     def _commit(self, version: int, num_nodes: int, dead: set[int]) -> None:
         """Commit ``version`` on every serving worker; replace those that died."""
         with self._lock:
             for j, server in enumerate(self._servers):
-                if j not in dead and not _alive(server.commit.remote(version, num_nodes)):
+                if j not in dead and not alive(server.commit.remote(version, num_nodes)):
                     dead.add(j)
             self._grow(num_nodes)
             self.version = version
@@ -295,74 +267,6 @@ class DGSService:
             self.is_query = np.concatenate([self.is_query, np.ones(extra, dtype=bool)])
             self.num_nodes = num_nodes
 
-    # failures --------------------------------------------------------------------------------
-    def recover(self) -> list[int]:
-        """Replace every serving worker that died (see the module doc); returns their indices."""
-        with self._write_lock, self._lock:
-            dead = [j for j, s in enumerate(self._servers) if not _alive(s.ping.remote())]
-            self._replace(dead)
-        return dead
-
-    def _replace(self, dead: list[int]) -> None:
-        """New serving workers ``dead`` at ``self.version``, their caches rebuilt from the
-        sampling workers. The caller holds both locks (no batch, no request in between)."""
-        if not dead:
-            return
-        start = time.perf_counter()
-        for j in dead:
-            self._servers[j] = self._server(j)
-        _wait([w.connect.remote(self._samplers, self._servers) for w in self._samplers])
-        _wait(ray.get([w.resync.remote(j) for w in self._samplers for j in dead]))
-        self.replaced += len(dead)
-        log.warning(
-            "DGS: serving worker(s) %s died and were replaced at batch %d in %.1f s",
-            dead,
-            self.version,
-            time.perf_counter() - start,
-        )
-
-    def _server(self, j: int) -> Any:
-        """A new serving worker j at the committed batch, with an empty cache."""
-        return _ServingActor.remote(j, self.num_nodes, self.fanouts, self.version)
-
-    def _rebuild(self, seq: int, num_nodes: int, tries: int = 3) -> None:
-        """Rebuild the workers that died and bring every worker to batch ``seq``."""
-        for attempt in range(tries):
-            try:
-                self._rebuild_once(seq, num_nodes)
-                return
-            except RayActorError as exc:
-                log.warning("DGS: a worker died while rebuilding (try %d): %s", attempt + 1, exc)
-        raise WorkerFailedError(f"DGS workers died {tries} times while recovering batch {seq}")
-
-    def _rebuild_once(self, seq: int, num_nodes: int) -> None:
-        """Sampling workers that died restart from their checkpoints and replay the log to
-        ``seq`` (the others consume to it too); all counts are recounted in a new epoch, and
-        every serving worker's cache is replaced by full copies at ``seq``."""
-        start = time.perf_counter()
-        dead = [i for i, w in enumerate(self._samplers) if not _alive(w.pid.remote())]
-        gone = {j for j, s in enumerate(self._servers) if not _alive(s.ping.remote())}
-        for i in dead:
-            self._samplers[i] = self._sampler(i, self._seed, ckpt=self.checkpoints.load(i))
-        for j in gone:
-            self._servers[j] = self._server(j)
-        self.epoch += 1
-        _wait([w.connect.remote(self._samplers, self._servers) for w in self._samplers])
-        _wait([s.reset.remote(self.epoch) for s in self._servers])
-        _wait([w.consume.remote(seq, replay=True) for w in self._samplers])
-        _wait([w.recount.remote(self.epoch) for w in self._samplers])
-        self._settle()
-        _wait(ray.get([w.republish.remote(seq) for w in self._samplers]))
-        self._commit(seq, num_nodes, set())
-        self.rebuilt += len(dead)
-        self.replaced += len(gone)
-        log.warning(
-            "DGS: sampling worker(s) %s rebuilt from their checkpoints at batch %d in %.1f s",
-            dead,
-            seq,
-            time.perf_counter() - start,
-        )
-
     # requests --------------------------------------------------------------------------------
     def sample(self, seeds: np.ndarray) -> SampledSubgraph:
         """k-hop sample of ``seeds`` (duplicates allowed) from the serving workers' caches.
@@ -374,7 +278,7 @@ class DGSService:
     def sample_at(self, seeds: np.ndarray) -> tuple[int, SampledSubgraph]:
         """(batch the sample reflects, ``sample(seeds)``)."""
         with self._lock:
-            seeds = self._check_seeds(seeds)
+            seeds = check_seeds(seeds, self.is_query)
             groups = [g for g in split(self.serving.owner(seeds), self.serving.parts) if g.size]
             owners = self.serving.owner(seeds[[g[0] for g in groups]]).tolist()
             refs = [
@@ -419,17 +323,6 @@ class DGSService:
             "sampling": ray.get([w.compiled.remote() for w in self._samplers]),
         }
 
-    def _check_seeds(self, seeds: np.ndarray) -> np.ndarray:
-        """Seeds as int64, non-empty, each a query vertex of this service."""
-        seeds = check_node_ids(seeds, self.num_nodes, "seeds")
-        if seeds.size == 0:
-            raise InvalidInputError("seeds must not be empty", "seeds")
-        unknown = np.flatnonzero(~self.is_query[seeds])
-        if unknown.size:
-            v = int(seeds[unknown[0]])
-            raise InvalidInputError(f"seed {v} is not a query vertex of this service", "seeds")
-        return seeds
-
     # introspection ---------------------------------------------------------------------------
     def cache_contents(self) -> list[np.ndarray]:
         """Per serving worker, int64 [m, 2 + max fanout] (query, vertex, members) it caches."""
@@ -461,18 +354,3 @@ class DGSService:
 
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
-
-
-def _alive(ref: Any) -> bool:
-    """Wait for one actor call: False when its actor died (RayActorError), else True."""
-    try:
-        ray.get(ref)
-    except RayActorError:
-        return False
-    return True
-
-
-def _wait(refs: list[Any]) -> None:
-    """Wait for ObjectRefs, given flat or as lists of lists (acks returned by workers)."""
-    flat = list(chain.from_iterable(r if isinstance(r, list) else [r] for r in refs))
-    ray.get(flat)
