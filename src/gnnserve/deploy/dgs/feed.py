@@ -70,6 +70,12 @@ class LogFeed:
         self.bytes_served += taken
         return out
 
+    def node(self) -> str:
+        """The Ray node this feed runs on (the one holding the log file)."""
+        import ray
+
+        return str(ray.get_runtime_context().get_node_id())
+
     def _missing(self, position: Position, upto: int) -> str:
         return (
             f"update log {self.path} has no intact record {position.seq + 1} at byte "

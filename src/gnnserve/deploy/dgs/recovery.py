@@ -105,6 +105,9 @@ class Recovery:
     def _sampler(self, i: int, seed: int, csr: Any = None, ckpt: bytes | None = None) -> Any:
         raise NotImplementedError
 
+    def _actor(self, cls: Any) -> Any:
+        raise NotImplementedError
+
     def _settle(self) -> None:
         raise NotImplementedError
 
@@ -138,7 +141,7 @@ class Recovery:
 
     def _server(self, j: int) -> Any:
         """A new serving worker j at the committed batch, with an empty cache."""
-        return ServingActor.remote(j, self.num_nodes, self.fanouts, self.version)
+        return self._actor(ServingActor).remote(j, self.num_nodes, self.fanouts, self.version)
 
     def _rebuild(self, seq: int, num_nodes: int, tries: int = 3) -> None:
         """Rebuild the workers that died and bring every worker to batch ``seq``."""

@@ -95,6 +95,10 @@ class SamplingWorker:
         """The worker's process id (tests kill it)."""
         return os.getpid()
 
+    def node(self) -> str:
+        """The Ray node this worker runs on."""
+        return str(ray.get_runtime_context().get_node_id())
+
     def _seed(self, rows: np.ndarray) -> None:
         """Level-0 subscriptions of the query vertices among ``rows`` (their serving worker)."""
         seeds = self.ids.vertices(rows[self.is_query[rows]])

@@ -86,6 +86,9 @@ class DGSService(Recovery):
     consume and where they start in it (a store's log, fed by ``advance``); without one the
     service keeps its own log, written by ``apply_events``. Uses the running Ray instance or
     starts a local one (``num_cpus`` logical CPUs; the workers reserve none).
+    ``checkpoint_every``: batches between sampling-worker checkpoints (``recovery``);
+    ``worker_options``: Ray actor options for every worker (e.g. ``{"resources": {"dgs": 0.1}}``
+    to place them on the nodes that offer that resource).
     """
 
     def __init__(
@@ -100,6 +103,7 @@ class DGSService(Recovery):
         num_cpus: int | None = None,
         log: LogSource | None = None,
         checkpoint_every: int = 64,
+        worker_options: dict[str, Any] | None = None,
     ) -> None:
         self.fanouts = check_fanouts(fanouts, allow_all=False)  # a reservoir holds no "all"
         queries = list(dict.fromkeys(self.fanouts))
@@ -118,6 +122,7 @@ class DGSService(Recovery):
         self.checkpoints = Checkpoints(
             self.dir, positive_count(checkpoint_every, "checkpoint_every")
         )
+        self.worker_options = dict(worker_options or {})
         self._owns_ray = start_ray(num_cpus or n_sampling + n_serving)
         self._lock = threading.Lock()  # commits vs request submission
         self._write_lock = threading.Lock()  # one batch at a time
@@ -127,7 +132,7 @@ class DGSService(Recovery):
         self.rebuilt = 0  # sampling workers rebuilt from their checkpoints
         self._feed: Any = _FeedActor.options(**on_this_node()).remote(str(self.log.path))
         self._servers: list[Any] = [
-            ServingActor.remote(j, self.num_nodes, self.fanouts, self.version - 1)
+            self._actor(ServingActor).remote(j, self.num_nodes, self.fanouts, self.version - 1)
             for j in range(n_serving)
         ]
         self._samplers: list[Any] = [
@@ -147,10 +152,14 @@ class DGSService(Recovery):
 
     def _sampler(self, i: int, seed: int, csr: Csr | None = None, ckpt: bytes | None = None) -> Any:
         """Start sampling worker i from its CSR rows or from a checkpoint."""
-        return _SamplingActor.remote(
+        return self._actor(_SamplingActor).remote(
             i, self.ranges, self.fanouts, seed, self.serving.parts, self._feed, self.log.dim,
             self.log.start, csr=csr, checkpoint=ckpt,
         )  # fmt: skip
+
+    def _actor(self, cls: Any) -> Any:
+        """A worker actor class with ``worker_options`` applied."""
+        return cls.options(**self.worker_options) if self.worker_options else cls
 
     # updates ---------------------------------------------------------------------------------
     def apply_events(
