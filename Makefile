@@ -47,6 +47,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/store_check.py
 	$(BIN)/python bench/dynamic.py
 	$(BIN)/python bench/dynamic_http.py
+	$(BIN)/python bench/presample_backends.py
 	$(BIN)/python bench/srpe.py
 	$(BIN)/python bench/cgp.py
 	$(BIN)/python bench/faas.py
@@ -63,6 +64,7 @@ bench-quick: $(STAMP)
 	$(BIN)/python bench/store_check.py --quick
 	$(BIN)/python bench/dynamic.py --quick
 	$(BIN)/python bench/dynamic_http.py --quick
+	$(BIN)/python bench/presample_backends.py --quick
 	$(BIN)/python bench/faas.py --quick
 	$(BIN)/python bench/srpe.py --quick
 	$(BIN)/python bench/cgp.py --quick
