@@ -21,27 +21,41 @@ def test_psgs_exact_for_one_hop_and_full_fanout(small_store: Path, fanouts) -> N
         np.testing.assert_allclose(values, 1 + deg)
     elif fanouts == [5]:
         np.testing.assert_allclose(values, 1 + np.minimum(deg, 5))
-    else:
+    else:  # the seed draws its row at both hops, each neighbour its own at the second
         indptr, indices = graph.csr()
         two_hop = np.array([deg[indices[indptr[v] : indptr[v + 1]]].sum() for v in range(50)])
-        np.testing.assert_allclose(values[:50], 1 + deg[:50] + two_hop)
+        np.testing.assert_allclose(values[:50], 1 + 2 * deg[:50] + two_hop)
 
 
-def test_psgs_matches_monte_carlo_tree_size(small_store: Path) -> None:
-    """For two hops the expected tree size equals the mean over many independent samples."""
+def _drawn_sizes(sampler: NeighborSampler, v: int, runs: int) -> np.ndarray:
+    """1 + edges the served sampler draws for seed ``v``, over ``runs`` independent draws."""
+    return np.array(
+        [
+            1 + sum(b.edge_index.shape[1] for b in sampler.sample(np.array([v]), r).blocks)
+            for r in range(runs)
+        ]
+    )
+
+
+@pytest.mark.parametrize("fanouts", [[4], [4, 3], [25, 10], [-1, 3], [3, -1], [4, 3, 2]])
+def test_psgs_matches_the_served_sampler(small_store: Path, fanouts: list[int]) -> None:
+    """Monte Carlo of the served multi-hop sampler: for one and two hops PSGS is its expected
+    size (a z-test per seed); for three, an upper bound within 5% (dedupe of nodes reached
+    twice)."""
     graph = open_graph_store(small_store)
-    fanouts = [4, 3]
     expected = psgs(graph, fanouts)
-    indptr, indices = graph.csr()
-    sampler = NeighborSampler(graph, [fanouts[0]])
-    deg = graph.in_degree()
-    for v in (0, 11, 123):
-        sizes = []
-        for r in range(400):
-            sg = sampler.sample(np.array([v]), rng_seed=r)
-            hop1 = sg.nodes[sg.blocks[0].edge_index[0].numpy()]
-            sizes.append(1 + hop1.size + np.minimum(deg[hop1], fanouts[1]).sum())
-        assert abs(np.mean(sizes) - expected[v]) < 4 * np.std(sizes) / np.sqrt(400) + 1e-9
+    sampler = NeighborSampler(graph, fanouts)
+    means, bounds = [], []
+    for v in (0, 11, 123, 777, 1500):
+        sizes = _drawn_sizes(sampler, v, 300)
+        err = 4 * sizes.std() / np.sqrt(sizes.size) + 1e-9
+        means.append(sizes.mean())
+        bounds.append(expected[v])
+        if len(fanouts) <= 2:
+            assert abs(sizes.mean() - expected[v]) < err, (v, sizes.mean(), expected[v])
+        else:
+            assert sizes.mean() < expected[v] + err
+    assert abs(np.sum(means) / np.sum(bounds) - 1) < 0.05
 
 
 # --- FAP (Quiver §5.1) ------------------------------------------------------------------------
