@@ -49,6 +49,8 @@ class Batch:
     graph_version: str = ""  # version the batch reads, pinned from sampling until fetched
     read_pin: object = None  # that pin, handed from the sample thread to the fetch thread
     subgraph: SampledSubgraph | None = None  # set by the sample stage
+    path: str = ""  # the sampling path it took (sample stage): inline, parallel, presample, ...
+    cost: float | None = None  # its summed PSGS under the default fanouts (None: not known)
     minibatch: MiniBatch | None = None  # set by the fetch stage
     stage_ms: dict[str, float] = field(default_factory=dict)  # per-stage wall time, ms
     token: int | None = None  # the batch's entry in the admission backlog

@@ -87,9 +87,17 @@ class LocalExecutor(Executor):
         """The computation graph of ``batch`` (subclasses route it elsewhere). Its seeds were
         validated at admission: not checked again."""
         planner = self.context.planner
+        batch.path = planner.path_of(batch.fanouts, batch.seeds, batch.rng_seed is not None)
         if batch.rng_seed is None:
             return planner.sampler_for(batch.fanouts).sample_valid(batch.seeds)
         return planner.on_demand_for(batch.fanouts).sample_valid(batch.seeds, batch.rng_seed)
+
+    def _cost(self, batch: Batch) -> float | None:
+        """The batch's summed PSGS when its fanouts are the default and PSGS is known."""
+        planner = self.context.planner
+        if planner.psgs is None or (batch.fanouts or planner.default) != planner.default:
+            return None
+        return float(planner.psgs[batch.seeds].sum())
 
     # stages --------------------------------------------------------------------------------
     def _sample_loop(
@@ -109,6 +117,7 @@ class LocalExecutor(Executor):
                 break
             start = time.perf_counter()
             batch.graph_version = graph.acquire_read()  # released once features are read
+            batch.cost = self._cost(batch)
             try:
                 batch.subgraph = self.sample(batch)
             except BaseException as exc:  # noqa: BLE001 - reported per request

@@ -82,6 +82,7 @@ class Planner:
         default.parallel_threshold = self.parallel_threshold
         if config.routing is not None and self.profile is not None and cost is not None:
             default.throughput = throughput_sampler(self.profile, graph, self.default, config, cost)
+            default.throughput_name = self.profile.path_b
         self._samplers: dict[Fanouts, NeighborSampler] = {self.default: default}
         self.presampler: PreSampler | None = None
         if config.presample:
@@ -111,6 +112,13 @@ class Planner:
                     self._samplers.pop(next(k for k in self._samplers if k != self.default))
                 sampler = self._samplers[fanouts] = self._on_demand(fanouts)
             return sampler
+
+    def path_of(self, fanouts: Fanouts | None, seeds: np.ndarray, seeded: bool) -> str:
+        """The sampling path a batch takes: ``presample``, or its on-demand sampler's path
+        (``inline``, ``parallel``, a device path); ``seeded``: the request fixes its draws."""
+        if not seeded and self.presampler is not None and (fanouts or self.default) == self.default:
+            return "presample"
+        return self.on_demand_for(fanouts).path_of(seeds)
 
     def expected_size(self, seeds: np.ndarray) -> float:
         """Expected sampled nodes of ``seeds`` under the default fanouts (batch cost)."""

@@ -116,6 +116,7 @@ class NeighborSampler:
         self.graph = graph
         self.parallel_draw_edges = int(parallel_draw_edges)
         self.throughput = throughput
+        self.throughput_name = "parallel"  # the path ``throughput`` is (set with it)
         self.fanouts = check_fanouts(fanouts)
         self.seed = int(seed)
         self.parallel_threshold = int(parallel_threshold)
@@ -159,6 +160,12 @@ class NeighborSampler:
             finally:
                 self._scratch.put(local_id)
         return self._sample_by_hop(seeds, key, local_id)
+
+    def path_of(self, seeds: np.ndarray) -> str:
+        """The path :meth:`sample_valid` takes for ``seeds``: ``inline``, or the throughput
+        path's name (``parallel``, or the device path set as ``throughput``)."""
+        inline = self.expected_size(seeds) < self.parallel_threshold
+        return "inline" if inline else self.throughput_name
 
     def expected_size(self, seeds: np.ndarray) -> float:
         """Expected sampled nodes for ``seeds``: PSGS sum when known, else a fanout bound.

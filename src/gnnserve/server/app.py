@@ -181,6 +181,7 @@ def create_app(
     loop_lag = LoopLag(observe=metrics.loop_lag.observe)
     engine.observers.append(metrics.observe_batch)
     metrics.watch_executor(engine.executor.describe)
+    metrics.watch_routing(engine.planner.parallel_threshold, engine.batcher.config.max_batch_cost)
     metrics.also_render(tier_stats(lambda: engine.features))
 
     @asynccontextmanager

@@ -11,6 +11,7 @@ from gnnserve.engine.batcher import Batch
 
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.03, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
+_PSGS_BUCKETS = tuple(float(4**k) for k in range(2, 12))  # 16 .. 4,194,304 sampled nodes
 
 
 class ServerMetrics:
@@ -44,6 +45,26 @@ class ServerMetrics:
             "gnnserve_requests_total", "Requests answered", ["endpoint"], registry=r
         )
         self.errors = Counter("gnnserve_errors_total", "Errors by kind", ["kind"], registry=r)
+        self.path_batches = Counter(
+            "gnnserve_sampling_path_batches", "Batches by the sampling path they took", ["path"],
+            registry=r,
+        )  # fmt: skip
+        self.path_seeds = Counter(
+            "gnnserve_sampling_path_seeds", "Seeds (with duplicates) by sampling path", ["path"],
+            registry=r,
+        )  # fmt: skip
+        self.batch_psgs = Histogram(
+            "gnnserve_batch_psgs",
+            "Summed PSGS (expected sampled nodes) per default-fanout batch",
+            buckets=_PSGS_BUCKETS,
+            registry=r,
+        )
+        self.routing = Gauge(
+            "gnnserve_routing_psgs",
+            "Active points in summed PSGS: the routing point (inline below it) and the cap",
+            ["point"],
+            registry=r,
+        )
         self.loop_lag = Histogram(
             "gnnserve_event_loop_lag_seconds",
             "How late the event loop woke a task (sampled every 5 ms)",
@@ -62,6 +83,17 @@ class ServerMetrics:
             self.stage_latency.labels(stage).observe(ms / 1e3)
         if batch.subgraph is not None:
             self.batch_size.observe(batch.subgraph.num_seeds)
+        if batch.path:
+            self.path_batches.labels(batch.path).inc()
+            self.path_seeds.labels(batch.path).inc(batch.seeds.size)
+        if batch.cost is not None:
+            self.batch_psgs.observe(batch.cost)
+
+    def watch_routing(self, routing_point: float, cost_cap: float | None) -> None:
+        """Export the routing point and the batch cost cap (summed PSGS; absent: no cap)."""
+        self.routing.labels("route").set(routing_point)
+        if cost_cap is not None:
+            self.routing.labels("cap").set(cost_cap)
 
     def also_render(self, render: Callable[[], bytes]) -> None:
         """Append ``render()``'s exposition text (another registry, e.g. the current feature

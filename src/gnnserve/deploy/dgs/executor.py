@@ -112,6 +112,7 @@ class DGSExecutor(LocalExecutor):
             version, subgraph = self.service.sample_at(batch.seeds)
             if self.context.updates is None or version == _seq(batch.graph_version):
                 self.dgs_batches += 1
+                batch.path = "dgs"
                 return subgraph
             self._repin(batch)
         self.misaligned += 1
