@@ -71,7 +71,13 @@ def test_each_path_runs_its_kernel_and_both_sample_the_same(
     inline = build_path("inline", graph, FANOUTS, cost=cost).sample(seeds, rng_seed=7)
     assert (len(inline_calls), len(parallel_calls)) == (1, 0)
     parallel = build_path("parallel", graph, FANOUTS, cost=cost).sample(seeds, rng_seed=7)
-    assert (len(inline_calls), len(parallel_calls), len(serial_calls)) == (1, len(FANOUTS), 0)
+    calibrated = (len(inline_calls), len(parallel_calls), len(serial_calls))
+    # the calibrated throughput path is the one a served sampler runs past its routing point
+    NeighborSampler(graph, FANOUTS, parallel_threshold=1, cost=cost).sample(seeds, rng_seed=7)
+    served = (len(inline_calls), len(parallel_calls), len(serial_calls))
+    assert calibrated[0] == 1 and sum(calibrated[1:]) == len(FANOUTS)
+    assert np.subtract(served, calibrated).tolist() == [0, *calibrated[1:]]
+    assert calibrated[1] == (0 if n_seeds == 1 else len(FANOUTS))  # big hops in parallel
     deg = np.diff(graph.csr()[0])
     edges = edge_set(graph)
     for sg in (inline, parallel):

@@ -3,8 +3,9 @@
 - ``inline``: the latency path, one serial numba call builds every hop (``NeighborSampler`` whose
   parallel threshold no batch reaches);
 - ``parallel``: the throughput path, hop by hop with the parallel numba kernel on every core
-  (``NeighborSampler`` with threshold 1: every batch goes hop by hop, every non-empty hop is
-  drawn in parallel);
+  (``NeighborSampler`` with threshold 1: every batch goes hop by hop, each hop of at least
+  ``PARALLEL_DRAW_EDGES`` edges drawn in parallel): exactly what a served sampler runs for a
+  batch past its routing point, so calibration measures the path that is served;
 - ``cuda``: registered only when torch sees a GPU: :class:`~gnnserve.sampling.device.DeviceSampler`
   with the adjacency in GPU memory, every hop drawn by tensor operations on the GPU; the
   throughput path there. Features are gathered on the GPU by the tiered store's ``gpu`` tier
@@ -70,10 +71,9 @@ def inline_path(
 def parallel_path(
     graph: GraphStore, fanouts: list[int], seed: int = 0, cost: np.ndarray | None = None
 ) -> NeighborSampler:
-    """All-core throughput path: hop by hop, each hop drawn by the parallel numba kernel."""
-    return NeighborSampler(
-        graph, fanouts, seed, parallel_threshold=1, cost=cost, parallel_draw_edges=0
-    )
+    """All-core throughput path: hop by hop, each large hop drawn by the parallel numba kernel
+    (the served sampler's own throughput path)."""
+    return NeighborSampler(graph, fanouts, seed, parallel_threshold=1, cost=cost)
 
 
 @SAMPLING_PATHS.register("torch")

@@ -20,9 +20,11 @@ from gnnserve.types import Block, SampledSubgraph
 # where the two paths cost the same on fb100, R-MAT 2^20 and soc-epinions1 (2 cores, [25, 10],
 # PSGS-costed batches of 16 to 256 seeds); 65,536 before left fb100's 64-256 seeds 1.2-1.3x slower.
 DEFAULT_PARALLEL_THRESHOLD = 8192
-# Edges one hop draws from which the throughput path draws them on every thread: a unit of its
-# own (per hop), never compared with the routing threshold. Waking the pool's threads costs
-# ~18 us (OMP_WAIT_POLICY=PASSIVE); a hop of 2,048 edges takes ~50 us on one core.
+# Edges one hop draws from which the throughput path draws them on every thread. Both points
+# count drawn edges (PSGS = 1 + edges a seed draws): the routing one per batch, this one per
+# hop of a batch already routed; calibration's ``parallel`` path uses it too (the served path).
+# Waking the pool's threads costs ~18 us (OMP_WAIT_POLICY=PASSIVE); a hop of 2,048 edges takes
+# ~50 us on one core.
 PARALLEL_DRAW_EDGES = 2048
 
 
