@@ -133,6 +133,27 @@ def test_slo_with_routing_bounds_the_served_curve(small_store, small_ckpt, tmp_p
     assert engine.batcher.config.max_batch_cost == pytest.approx(want)
 
 
+def test_a_cap_below_the_routing_point_warns_naming_both(
+    small_store, small_ckpt, tmp_path, caplog
+) -> None:
+    path = _profile(small_store, small_ckpt, tmp_path / "p.json")
+    for threshold, warned in ((65536, True), (100, False)):  # cap here ~ 10^2.67
+        overrides = {
+            "sampler.calibration": str(path),
+            "sampler.parallel_threshold": threshold,
+            "batcher.latency_slo_ms": 0.8,
+        }
+        caplog.clear()
+        with caplog.at_level(logging.WARNING):
+            engine = build_engine(_config(small_store, small_ckpt, **overrides))
+        cap = engine.batcher.config.max_batch_cost
+        assert cap is not None and (cap < threshold) == warned
+        found = "below the routing point" in caplog.text
+        assert found == warned, caplog.text
+        if warned:
+            assert f"cap {cap:.0f}" in caplog.text and f"point {threshold}" in caplog.text
+
+
 def test_slo_without_a_profile_is_refused(small_store, small_ckpt, tmp_path) -> None:
     stale = _profile(small_store, small_ckpt, tmp_path / "stale.json", model="other@0")
     for path in (stale, tmp_path / "none.json"):

@@ -25,6 +25,7 @@ from gnnserve.config import BatcherConfig
 from gnnserve.engine.delay import Backlog
 from gnnserve.errors import DeadlineExceededError, GnnServeError, InvalidInputError
 from gnnserve.sampling.calibrate import CalibrationProfile, Stat, psgs_bound
+from gnnserve.sampling.paths import NEVER
 from gnnserve.types import MiniBatch, SampledSubgraph, Ticket
 
 STOP = object()  # sentinel closing a stage queue
@@ -61,7 +62,9 @@ def cost_bound(
 ) -> float | None:
     """A batch's cap on summed PSGS: ``config.max_batch_cost``, lowered with ``latency_slo_ms``
     to the largest PSGS whose served latency curve (inline below ``threshold``, parallel from
-    it; max curve for ``psgs_bound: strict``, mean for ``loose``) stays within the SLO.
+    it; max curve for ``psgs_bound: strict``, mean for ``loose``) stays within the SLO. A cap
+    below the routing point ``threshold`` (no batch could go parallel) is logged as a warning
+    naming both.
 
     An SLO without a current ``profile`` raises InvalidInputError naming
     ``batcher.latency_slo_ms``: an SLO that is silently not enforced would be a wrong answer.
@@ -81,6 +84,13 @@ def cost_bound(
     smallest = min(c.psgs[0] for c in profile.curves.values())
     if bound <= smallest:
         log.warning("even the smallest calibrated batch takes over %.1f ms (%s)", slo, stat)
+    if bound < threshold < NEVER:
+        log.warning(
+            "PSGS-%s cap %.0f (summed PSGS for %.1f ms) is below the routing point %.0f: no "
+            "batch reaches the throughput path, routing is off. Raise --latency-slo-ms, use "
+            "--psgs-bound loose, or route by a lower point",
+            config.psgs_bound, bound, slo, threshold,
+        )  # fmt: skip
     log.info(
         "PSGS-%s batching: summed PSGS per batch <= %.0f for %.1f ms (%s curve)",
         config.psgs_bound,
