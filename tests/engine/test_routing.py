@@ -25,13 +25,17 @@ FANOUTS = [5, 5]
 X = [100.0, 1000.0, 10000.0, 100000.0]
 
 
-def _profile(store: Path, ckpt: Path, path: Path, model: str | None = None) -> Path:
-    """A hand-built profile for ``ckpt`` on ``store`` (``model``: another version: stale)."""
+def _profile(
+    store: Path, ckpt: Path, path: Path, model: str | None = None, scale: float = 1.0
+) -> Path:
+    """A hand-built profile for ``ckpt`` on ``store`` (``model``: another version: stale;
+    ``scale``: every latency times this)."""
     version = model or load_checkpoint(ckpt).version
     identity = Identity.here(version, open_graph_store(store).version, FANOUTS)
+    s = scale
     curves = {
-        "inline": Curve(X, [0.2, 0.5, 2.0, 20.0], [0.4, 1.0, 4.0, 40.0]),
-        "parallel": Curve(X, [1.0, 1.2, 2.5, 8.0], [2.0, 2.4, 5.0, 16.0]),
+        "inline": Curve(X, [s * 0.2, s * 0.5, s * 2, s * 20], [s * 0.4, s * 1, s * 4, s * 40]),
+        "parallel": Curve(X, [s * 1, s * 1.2, s * 2.5, s * 8], [s * 2, s * 2.4, s * 5, s * 16]),
     }
     profile = CalibrationProfile(identity, "inline", "parallel", curves)
     profile.compute_points()
@@ -164,10 +168,12 @@ def test_slo_without_a_profile_is_refused(small_store, small_ckpt, tmp_path) -> 
 
 
 def test_served_batches_respect_the_slo_bound(small_store, small_ckpt, tmp_path) -> None:
-    path = _profile(small_store, small_ckpt, tmp_path / "p.json")
+    # latencies x 50, SLO 40 ms: the same cap as 0.8 ms on the unscaled curves, with room for
+    # this machine's real batches (the cap of each batch is what is left of its SLO)
+    path = _profile(small_store, small_ckpt, tmp_path / "p.json", scale=50.0)
     overrides = {
         "sampler.calibration": str(path),
-        "batcher.latency_slo_ms": 0.8,  # strict: inline max 0.4 -> 1.0 over [100, 1000]
+        "batcher.latency_slo_ms": 40.0,  # strict: inline max 20 -> 50 over [100, 1000]
         "batcher.max_wait_ms": 20.0,
     }
     seen: list[Batch] = []

@@ -3,7 +3,8 @@
 Requests arrive validated (:mod:`gnnserve.engine.requests`). A request is refused with 429
 (OverloadedError) when ``max_queue_requests`` are in flight, when the work admitted ahead of it
 is predicted to take longer than ``max_queue_delay_ms``, or when its answer is predicted to come
-after its deadline (see :mod:`gnnserve.engine.delay`; that prediction includes a margin
+after its deadline or, with ``batcher.latency_slo_ms``, past that SLO (see
+:mod:`gnnserve.engine.delay`; that prediction includes a margin
 calibrated on the actual latencies of admitted requests). An engine with nothing queued or in
 flight admits whatever the prediction. The deadline is ``timeout_s`` after admission, or earlier
 when the caller set one: the HTTP layer sets it from the ``X-Timeout-Ms`` header through
@@ -87,8 +88,14 @@ class Admission:
     nodes); other queues (new nodes) pass their own :class:`Backlog` to :meth:`reserve`.
     """
 
-    def __init__(self, config: AdmissionConfig, max_batch_nodes: int | None = 1024) -> None:
+    def __init__(
+        self,
+        config: AdmissionConfig,
+        max_batch_nodes: int | None = 1024,
+        slo_ms: float | None = None,
+    ) -> None:
         self.config = config
+        self.slo_ms = slo_ms  # batcher.latency_slo_ms: refuse answers predicted past it
         self.backlog = Backlog(max_batch_nodes, config.service_halflife)
         self._in_flight = 0
         self._lock = threading.Lock()
@@ -184,7 +191,8 @@ class Admission:
 
         Refused when the predicted queueing delay exceeds ``max_queue_delay_ms`` or the
         predicted answer, plus the backlog's calibration margin (at most half the time left),
-        comes after ``deadline``. Never refused while ``backlog`` is idle.
+        comes after ``deadline`` or past the latency SLO (``slo_ms``, when set). Never refused
+        while ``backlog`` is idle.
         """
         predicted = backlog.predict(units, now)
         if predicted is None or backlog.idle:
@@ -196,6 +204,15 @@ class Admission:
                 return (
                     f"predicted queueing delay {wait_ms:.0f} ms exceeds the budget of "
                     f"{budget:g} ms; retry later",
+                    predicted,
+                )
+        if self.slo_ms is not None:
+            slo_s = self.slo_ms / 1e3
+            latency = predicted.latency_s + min(backlog.calibration.margin_s, slo_s / 2)
+            if latency > slo_s:
+                return (
+                    f"answer predicted in {latency * 1e3:.0f} ms, past the latency SLO of "
+                    f"{self.slo_ms:g} ms (batcher.latency_slo_ms); retry later",
                     predicted,
                 )
         if deadline is not None:

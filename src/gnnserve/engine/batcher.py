@@ -3,7 +3,10 @@
 A batch closes at ``max_batch_nodes`` seeds or, when set, before its summed PSGS passes
 ``max_batch_cost``. With ``latency_slo_ms`` that cost cap comes from the calibration profile
 (:func:`cost_bound`, Quiver §6 Fig. 10): PSGS-Strict inverts the served max-latency curve at the
-SLO, PSGS-Loose the mean curve.
+SLO, PSGS-Loose the mean curve. The SLO counts from a request's arrival, so each batch's cap is
+the curve inverted at what is left of the SLO of its oldest request once the pipeline is
+predicted free (``slo_cap``): a batch that formed late, or that will wait behind others, takes
+less work. Admission refuses (429) a request whose answer is predicted past the SLO.
 
 The batcher also reports to the admission :class:`~gnnserve.engine.delay.Backlog` when requests
 leave the queue and when batches leave the pipeline, which trains the service-time model.
@@ -101,6 +104,22 @@ def cost_bound(
     return bound if config.max_batch_cost is None else min(bound, config.max_batch_cost)
 
 
+def slo_cap(
+    config: BatcherConfig, profile: CalibrationProfile | None, threshold: float
+) -> Callable[[float], float] | None:
+    """Milliseconds of SLO left -> the summed PSGS a batch may reach (the curve of
+    :func:`cost_bound` inverted there); None without ``latency_slo_ms`` or a profile."""
+    if config.latency_slo_ms is None or profile is None:
+        return None
+    stat: Stat = "max" if config.psgs_bound == "strict" else "mean"
+    smallest = min(c.psgs[0] for c in profile.curves.values())
+
+    def cap(left_ms: float) -> float:
+        return psgs_bound(profile, left_ms, stat, threshold) if left_ms > 0 else smallest
+
+    return cap
+
+
 def drop_expired(batch: Batch) -> None:
     """Answer 504 to the requests of ``batch`` past their deadline, before a stage runs.
 
@@ -133,8 +152,10 @@ class Batcher:
         inbox: queue.Queue[object],
         cost: Callable[[np.ndarray], float] | None = None,
         backlog: Backlog | None = None,
+        slo_cap: Callable[[float], float] | None = None,
     ) -> None:
         self.config = config
+        self.slo_cap = slo_cap  # ms of SLO left when a batch starts -> its PSGS cap
         self.inbox = inbox
         self.cost = cost  # expected sampling work of some seeds (PSGS sum), for max_batch_cost
         self.backlog = backlog  # admission's account of queued and in-flight work
@@ -171,6 +192,18 @@ class Batcher:
             return 0.0
         return self.cost(ticket.nodes)
 
+    def _max_cost(self, oldest: Ticket) -> float:
+        """The cap on this batch's summed PSGS: ``max_batch_cost``, lowered by ``slo_cap`` at
+        the SLO left to ``oldest`` when the batch is predicted to start (the pipeline free)."""
+        static = self.config.max_batch_cost or float("inf")
+        slo = self.config.latency_slo_ms
+        if self.slo_cap is None or slo is None:
+            return static
+        now = time.perf_counter()
+        free = self.backlog.free_at(now) if self.backlog is not None else None
+        start = now if free is None else free
+        return min(static, self.slo_cap(slo - (start - oldest.arrival_s) * 1e3))
+
     def next_batch(self) -> Batch | None:
         """Block for the first request, then fill the batch; None once stopped and drained."""
         first = self._take(timeout=None)
@@ -179,7 +212,7 @@ class Batcher:
         tickets, fanouts = [first], first.request.options.fanouts
         rng_seed = first.request.options.seed
         size, cost = first.nodes.size, self._cost(first)
-        max_cost = self.config.max_batch_cost or float("inf")
+        max_cost = self._max_cost(first)
         close_at = time.perf_counter() + self.config.max_wait_ms / 1e3
         while size < self.config.max_batch_nodes and cost < max_cost:
             remaining = close_at - time.perf_counter()

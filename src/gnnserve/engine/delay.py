@@ -195,6 +195,21 @@ class Backlog:
             self.model.add(units, done_s - max(self._last_done, formed))
             self._last_done = done_s
 
+    def free_at(self, now: float) -> float | None:
+        """perf_counter() time when the batches in flight are predicted done (``now`` at the
+        earliest; None while the model is not ready)."""
+        with self._lock:
+            coef = self.model.coefficients
+            if coef is None or not self.model.ready:
+                return None
+            return self._free_at(*coef, now)
+
+    def _free_at(self, a: float, b: float, now: float) -> float:
+        t = self._last_done
+        for u, formed in self._in_flight.values():  # formation order = completion order
+            t = max(max(t, formed) + a + b * u, now)  # an overdue batch is done "now" at best
+        return max(t, now)
+
     def predict(self, units: int, now: float) -> Prediction | None:
         """Delays of a request of ``units`` admitted at ``now`` (None while the model is empty)."""
         with self._lock:
@@ -202,10 +217,7 @@ class Backlog:
             if coef is None or not self.model.ready:
                 return None
             a, b = coef
-            t = self._last_done
-            for u, formed in self._in_flight.values():  # formation order = completion order
-                t = max(max(t, formed) + a + b * u, now)  # an overdue batch is done "now" at best
-            free = max(t, now)
+            free = self._free_at(a, b, now)
             queued_units, queued_requests = self._queued_units, self._queued_requests
         if self.capacity is None:
             batches_ahead, units_ahead, own = queued_requests, queued_units, units

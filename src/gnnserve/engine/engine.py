@@ -24,7 +24,7 @@ from gnnserve.dynamic import bulk
 from gnnserve.dynamic.store import DynamicStore, UpdateResult
 from gnnserve.embeddings.base import EmbeddingStore
 from gnnserve.engine.admission import Admission
-from gnnserve.engine.batcher import STOP, Batch, Batcher, cost_bound
+from gnnserve.engine.batcher import STOP, Batch, Batcher, cost_bound, slo_cap
 from gnnserve.engine.delay import Backlog
 from gnnserve.engine.executor import EXECUTORS, ExecutionContext, Executor
 from gnnserve.engine.planner import Planner, serving_profile
@@ -71,7 +71,11 @@ class Engine:
         self.psgs = self.planner.psgs  # expected sampled nodes per seed (None: graph changes)
         if updates is not None and self.planner.presampler is not None:
             updates.subscribe(self.planner.presampler)  # built from this version's CSR
-        self.admission = Admission(self.config.admission, self.config.batcher.max_batch_nodes)
+        self.admission = Admission(
+            self.config.admission,
+            self.config.batcher.max_batch_nodes,
+            slo_ms=self.config.batcher.latency_slo_ms,
+        )
         self.limits = RequestLimits(
             graph,
             features.dim,
@@ -84,9 +88,11 @@ class Engine:
             self.config.batcher, self.planner.profile, self.planner.parallel_threshold
         )
         batching = self.config.batcher.model_copy(update={"max_batch_cost": bound})
+        profile, threshold = self.planner.profile, self.planner.parallel_threshold
         self.batcher = Batcher(
-            batching, self._inbox, self.planner.expected_size, self.admission.backlog
-        )
+            batching, self._inbox, self.planner.expected_size, self.admission.backlog,
+            slo_cap(self.config.batcher, profile, threshold),
+        )  # fmt: skip
         self.observers: list[Callable[[Batch], None]] = []  # called after each finished batch
         self.on_stop: list[Callable[[], None]] = []  # background helpers' stops, after the drain
         self.tiers: TierRefresher | None = None  # re-places feature tiers from traffic, when on
