@@ -93,8 +93,10 @@ class BatcherConfig(_Strict):
         None,
         gt=0,
         description="PSGS-bounded batching (Quiver Fig. 10): a batch closes before its summed "
-        "PSGS passes what the calibration profile's latency curve allows within this many ms; "
-        "needs a current profile (`gnnserve calibrate`), else the engine is not built",
+        "PSGS passes what the calibration profile's latency curve allows within what is left "
+        "of this many ms to its oldest request once the pipeline is free; requests whose "
+        "answer is predicted past it are refused (429); needs a current profile (`gnnserve "
+        "calibrate`), else the engine is not built",
     )
     psgs_bound: Literal["strict", "loose"] = Field(
         "strict",
