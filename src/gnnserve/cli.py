@@ -257,6 +257,12 @@ def run_calibrate(args: argparse.Namespace) -> int:
     bar.close()
     for name, point in profile.points.items():
         print(describe_point(name, point, profile.path_a, profile.path_b))
+    for warning in profile.warnings:
+        print(
+            f"gnnserve: warning: {warning}; too noisy to place a point reliably (the points use "
+            "a monotone fit): rerun with more --runs or on a quieter machine",
+            flush=True,
+        )
     print(f"gnnserve: calibration profile {path}, plot {png}", flush=True)
     return 0
 

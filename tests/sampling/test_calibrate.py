@@ -23,6 +23,7 @@ from gnnserve.sampling.calibrate import (
     ProfileError,
     crossover,
     find_profile,
+    isotonic,
     load_profile,
     psgs_bound,
 )
@@ -172,8 +173,9 @@ def test_small_real_calibration_writes_json_and_png(small_store: Path, small_ckp
     for curve in loaded.curves.values():
         assert len(curve.psgs) == 4 and np.all(np.diff(curve.psgs) > 0)
         assert [len(r) for r in curve.runs_ms] == [3] * 4
-        assert curve.mean_ms == pytest.approx([float(np.mean(r)) for r in curve.runs_ms])
-        assert curve.max_ms == [max(r) for r in curve.runs_ms]
+        # the monotone fit of the raw runs: isotonic means, running max of the maxima
+        assert curve.mean_ms == pytest.approx(isotonic([float(np.mean(r)) for r in curve.runs_ms]))
+        assert curve.max_ms == np.maximum.accumulate([max(r) for r in curve.runs_ms]).tolist()
     again = CalibrationProfile(**{**loaded.__dict__, "points": {}})
     again.compute_points()
     assert again.points == loaded.points
@@ -204,3 +206,20 @@ def test_describe_point_says_what_an_infinite_or_zero_point_means() -> None:
     assert describe_point("latency", 1234.4, "inline", "cuda") == (
         "latency: PSGS 1234 (batches of more summed PSGS go to cuda)"
     )
+
+
+def test_fit_is_monotone_and_a_noisy_raw_curve_is_flagged() -> None:
+    from gnnserve.sampling.calibrate import fit_curve
+
+    assert isotonic([1.0, 3.0, 2.0, 4.0]) == [1.0, 2.5, 2.5, 4.0]  # pooled by hand
+    assert isotonic([5.0, 1.0, 1.0]) == pytest.approx([7 / 3] * 3)
+    xs = [100.0, 200.0, 400.0, 800.0]
+    quiet = [[1.0, 1.2], [2.0, 2.1], [1.9, 2.0], [4.0, 4.4]]  # a 5% dip: noise, no warning
+    curve, warnings = fit_curve(xs, quiet, "inline")
+    assert warnings == [] and curve.mean_ms == sorted(curve.mean_ms)
+    assert curve.max_ms == [1.2, 2.1, 2.1, 4.4] and curve.runs_ms == quiet
+    noisy = [[1.0, 1.0], [7.5, 7.5], [2.0, 2.0], [4.0, 4.0]]  # 7.5 -> 2.0: flagged
+    curve, warnings = fit_curve(xs, noisy, "parallel")
+    assert curve.mean_ms == pytest.approx([1.0, 4.5, 4.5, 4.5])  # 7.5, 2, 4 pooled
+    assert len(warnings) == 4  # mean and max, each at PSGS 400 and 800 (below 80% of 7.5)
+    assert "parallel mean falls from 7.50 ms (PSGS 200) to 2.00 ms (PSGS 400)" in warnings[0]

@@ -5,7 +5,11 @@
 does (sample -> feature gather -> model forward) through each path several times, interleaving
 the paths, and records every latency.
 A bucket's curve value is the mean and the max of its runs (the max stands for Quiver's upper
-line; with the default 10 runs per bucket p99 and max coincide).
+line; with the default 10 runs per bucket p99 and max coincide). The curves are then fitted
+monotone in PSGS (:func:`fit_curve`: isotonic regression of the means, the running max of the
+maxima), since more work never takes less time; where the raw curve fell by more than
+:data:`NOISE_DROP` the profile carries a warning naming the buckets (too noisy to place a
+point reliably), which ``gnnserve calibrate`` prints.
 
 Curves are piecewise linear in log PSGS between the bucket points and flat beyond the measured
 range (no least-squares fit: the points are the measurement). Two curves cross where their
@@ -48,6 +52,7 @@ log = logging.getLogger(__name__)
 PROFILE_NAME = "calibration.json"  # default profile file, in the store directory
 FORMAT_VERSION = 1
 Stat = Literal["mean", "max"]
+NOISE_DROP = 0.2  # a raw curve falling by more than this share flags the profile as noisy
 POINTS: dict[str, tuple[Stat, Stat]] = {  # point name -> (statistic of A, statistic of B)
     "cpu_preferred": ("max", "mean"),
     "b_preferred": ("mean", "max"),
@@ -114,6 +119,42 @@ class Curve:
         return np.interp(np.log(np.asarray(x, float)), np.log(self.psgs), ys)
 
 
+def isotonic(values: list[float]) -> list[float]:
+    """The non-decreasing sequence closest to ``values`` in least squares (pool adjacent
+    violators; equal weights)."""
+    pools: list[tuple[float, int]] = []  # (mean, count) of each pooled block
+    for v in values:
+        pools.append((float(v), 1))
+        while len(pools) > 1 and pools[-2][0] > pools[-1][0]:
+            (m1, n1), (m2, n2) = pools[-2], pools[-1]
+            pools[-2:] = [((m1 * n1 + m2 * n2) / (n1 + n2), n1 + n2)]
+    return [m for m, n in pools for _ in range(n)]
+
+
+def _drops(psgs: list[float], ys: list[float], what: str) -> list[str]:
+    """A warning for each bucket whose raw value falls more than NOISE_DROP below an earlier
+    bucket's."""
+    out, peak, at = [], -math.inf, 0.0
+    for x, y in zip(psgs, ys, strict=True):
+        if y < (1 - NOISE_DROP) * peak:
+            out.append(
+                f"{what} falls from {peak:.2f} ms (PSGS {at:.0f}) to {y:.2f} ms (PSGS {x:.0f})"
+            )
+        if y > peak:
+            peak, at = y, x
+    return out
+
+
+def fit_curve(psgs: list[float], runs_ms: list[list[float]], name: str) -> tuple[Curve, list[str]]:
+    """A path's curve from its runs per bucket, fitted monotone (module docstring), and the
+    noise warnings of its raw mean and max curves."""
+    mean = [float(np.mean(r)) for r in runs_ms]
+    peak = [float(np.max(r)) for r in runs_ms]
+    warnings = _drops(psgs, mean, f"{name} mean") + _drops(psgs, peak, f"{name} max")
+    fitted_max = np.maximum.accumulate(peak).tolist()
+    return Curve(list(psgs), isotonic(mean), fitted_max, runs_ms), warnings
+
+
 def _split_at_roots(u: np.ndarray, d: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(u, d) with the root of every sign-changing segment inserted (d = 0 there)."""
     i = np.flatnonzero(d[:-1] * d[1:] < 0)
@@ -153,6 +194,7 @@ class CalibrationProfile:
     runs_per_bucket: int = 0
     created: str = ""  # ISO time of the measurement
     format_version: int = FORMAT_VERSION
+    warnings: list[str] = field(default_factory=list)  # raw curves too noisy (fit_curve)
 
     def compute_points(self) -> None:
         """Fill ``points`` from the curves of ``path_a`` and ``path_b``."""

@@ -15,7 +15,7 @@ import torch
 from gnnserve.errors import InvalidInputError
 from gnnserve.features.base import FeatureStore
 from gnnserve.graph.base import GraphStore
-from gnnserve.sampling.calibrate import POINTS, CalibrationProfile, Curve, Identity
+from gnnserve.sampling.calibrate import POINTS, CalibrationProfile, Identity, fit_curve
 from gnnserve.sampling.metrics import psgs
 from gnnserve.sampling.paths import build_path, throughput_path
 from gnnserve.types import MiniBatch
@@ -95,12 +95,11 @@ def measure(
                 f"bucket {i + 1}/{len(plan)}: PSGS {xs[-1]:.0f} "
                 f"({np.mean([s.size for s in batches]):.0f} seeds), ms mean/max: {shown}"
             )
-    curves = {
-        p: Curve(xs, [float(np.mean(r)) for r in rs], [float(np.max(r)) for r in rs], rs)
-        for p, rs in runs_ms.items()
-    }
+    fitted = {p: fit_curve(xs, rs, p) for p, rs in runs_ms.items()}
+    curves = {p: curve for p, (curve, _) in fitted.items()}
     created = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     profile = CalibrationProfile(identity, names[0], names[1], curves, {}, runs, created)
+    profile.warnings = [w for _, found in fitted.values() for w in found]
     profile.compute_points()
     return profile
 
