@@ -32,6 +32,31 @@ def test_three_pipelines_answer_like_the_full_graph_forward(
     assert len(set(batches)) > 1, "one pipeline took every batch"
 
 
+def test_pipelines_take_batches_from_the_shared_queue_one_at_a_time(
+    small_store, small_ckpt
+) -> None:
+    """The batcher is not thread-safe: the executor's lock lets one pipeline at a time form a
+    batch (counted: the most callers inside ``next_batch`` at once)."""
+    engine = build_engine(serve_config(small_store, small_ckpt, **{"batcher.pipelines": 3}))
+    real, inside, most, guard = engine.batcher.next_batch, [0], [0], threading.Lock()
+
+    def counted():
+        with guard:
+            inside[0] += 1
+            most[0] = max(most[0], inside[0])
+        try:
+            return real()
+        finally:
+            with guard:
+                inside[0] -= 1
+
+    engine.batcher.next_batch = counted  # type: ignore[method-assign]
+    with engine:
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(lambda n: engine.predict([n]), range(60)))
+    assert most[0] == 1
+
+
 class _HoldFor:
     """A runner that holds a batch seeding ``node`` in compute until ``release`` is set."""
 

@@ -76,6 +76,22 @@ def test_planner_takes_the_profiled_point(small_store, small_ckpt, tmp_path, rou
     assert other.parallel_threshold == config.sampler.parallel_threshold  # type: ignore[attr-defined]
 
 
+def test_each_routing_takes_its_own_point(small_store, small_ckpt, tmp_path) -> None:
+    """Points that differ, so routing by the wrong one is caught: the parallel max curve
+    rises faster at the end, moving only the max/max (latency) crossing."""
+    path = _profile(small_store, small_ckpt, tmp_path / "p.json")
+    profile = CalibrationProfile.from_json(path.read_text(), "p")
+    profile.curves["parallel"].max_ms[-1] = 30.0  # max/max: 4 + 36 t = 5 + 25 t, t = 1/11
+    profile.compute_points()
+    profile.save(path)
+    assert profile.points["latency"] == pytest.approx(10 ** (4 + 1 / 11))
+    assert profile.points["throughput"] == pytest.approx(10**4.04)
+    for routing in ("latency", "throughput"):
+        overrides = {"sampler.routing": routing, "sampler.calibration": str(path)}
+        engine = build_engine(_config(small_store, small_ckpt, **overrides))
+        assert engine.planner.parallel_threshold == math.ceil(profile.points[routing])
+
+
 def test_unrouted_missing_and_stale_profiles_keep_the_constant(
     small_store, small_ckpt, tmp_path, caplog
 ) -> None:
