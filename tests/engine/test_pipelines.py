@@ -51,9 +51,8 @@ def test_pipelines_take_batches_from_the_shared_queue_one_at_a_time(
                 inside[0] -= 1
 
     engine.batcher.next_batch = counted  # type: ignore[method-assign]
-    with engine:
-        with ThreadPoolExecutor(8) as pool:
-            list(pool.map(lambda n: engine.predict([n]), range(60)))
+    with engine, ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda n: engine.predict([n]), range(60)))
     assert most[0] == 1
 
 
