@@ -38,3 +38,19 @@ def test_nothing_is_deferred_once_dynamo_is_imported() -> None:
         "defer_torch_dynamo(); print(is_deferred(), type(sys.modules['torch._dynamo']).__name__)"
     )
     assert python_output(code) == ["False module"]
+
+
+def test_introspection_does_not_load_the_deferred_module() -> None:
+    """``inspect.getmodule`` (torch.library calls it while torch.distributed imports) probes
+    ``__file__`` of every module: that probe must not import torch._dynamo half-way through
+    another import (a circular import when tests ran in some orders)."""
+    code = (
+        "import inspect, sys\n"
+        "import gnnserve.models.arch\n"
+        "from gnnserve.deferred_imports import is_deferred\n"
+        "inspect.getmodule(inspect.currentframe())\n"
+        "print(is_deferred(), hasattr(sys.modules['torch._dynamo'], '__file__'))\n"
+        "import torch.distributed.tensor\n"
+        "print('imported')"
+    )
+    assert python_output(code, timeout=300) == ["True False", "imported"]

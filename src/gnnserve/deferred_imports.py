@@ -31,6 +31,11 @@ class _DeferredModule(types.ModuleType):
     """Stands in for a module not imported yet; any attribute it lacks imports the real one."""
 
     def __getattr__(self, attr: str) -> Any:
+        if attr == "__file__":
+            # ``inspect.getmodule`` probes every module in sys.modules for it, also while torch
+            # is half-imported (torch.library does, registering ops): loading the real module
+            # there is a circular import. A stand-in has no file; the real one, once loaded, has.
+            raise AttributeError(attr)
         return getattr(_load_real(self), attr)
 
 

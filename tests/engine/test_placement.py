@@ -62,10 +62,10 @@ def test_tier_counters_are_in_metrics(small_store, small_ckpt) -> None:
         r = httpx.post(f"{url}/v1/predict", json={"nodes": [1, 2, 3]}, timeout=30)
         assert r.status_code == 200
         text = httpx.get(f"{url}/metrics", timeout=30).text
-    hits = {
-        line.split('"')[1]: float(line.split()[-1])
+    hits = {  # {placement="0",tier="ram"} value
+        line.split('"')[3]: float(line.split()[-1])
         for line in text.splitlines()
-        if line.startswith("gnnserve_features_tier_hits_total{")
+        if line.startswith('gnnserve_features_tier_hits_total{placement="0"')
     }
     assert set(hits) == {"ram", "remote"} and sum(hits.values()) > 0
     assert "gnnserve_batch_size" in text  # the server's own metrics are still there
@@ -101,3 +101,11 @@ def test_refresh_places_the_served_seeds_in_ram(small_store, small_ckpt) -> None
         ids = np.arange(0, 2000, 7)
         torch.testing.assert_close(after.get(ids), open_feature_store(small_store).get(ids))
     assert not refresher._thread.is_alive()  # stopped with the engine
+    # one set of counters across placements: the first one's reads are still there, by number
+    assert after.metrics is before.metrics and after.placement == "1"
+    text = after.metrics.render().decode()
+    for number, store in (("0", before), ("1", after)):
+        for tier in store.stats().tiers:
+            series = f'{{placement="{number}",tier="{tier.tier}"}} {float(tier.rows_read)}'
+            assert f"gnnserve_features_tier_hits_total{series}" in text
+    assert "gnnserve_features_placement 1.0" in text

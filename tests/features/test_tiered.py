@@ -74,8 +74,9 @@ def test_counters_add_up_to_the_rows_read(tiered: TieredFeatures) -> None:
     assert stats.hit_rate("ram") == pytest.approx(expected[1] / 2551)
     text = tiered.metrics.render().decode()
     for name, rows in zip(("gpu", "ram", "disk", "remote"), expected.tolist(), strict=True):
-        assert f'gnnserve_features_tier_hits_total{{tier="{name}"}} {float(rows)}' in text
-        assert f'gnnserve_features_tier_bytes_total{{tier="{name}"}} {float(rows * ROW)}' in text
+        hits = f'gnnserve_features_tier_hits_total{{placement="0",tier="{name}"}}'
+        read = f'gnnserve_features_tier_bytes_total{{placement="0",tier="{name}"}}'
+        assert f"{hits} {float(rows)}" in text and f"{read} {float(rows * ROW)}" in text
     assert 'gnnserve_features_tier_rows{tier="disk"} 500.0' in text
     assert 'gnnserve_features_tier_resident_bytes{tier="ram"} 19200.0' in text
 

@@ -66,10 +66,19 @@ def place(
     fanouts: list[int],
     budgets: dict[str, float | None],
     p0: np.ndarray | None = None,
+    previous: TieredFeatures | None = None,
 ) -> TieredFeatures:
-    """``store``'s features in tiers filled by FAP (seed distribution ``p0``; None: uniform)."""
+    """``store``'s features in tiers filled by FAP (seed distribution ``p0``; None: uniform);
+    ``previous``: the placement it replaces (its counters go on, under the next number)."""
     start = time.perf_counter()
-    tiered = TieredFeatures.from_scores(store, fap(graph, fanouts, p0), budgets)
+    scores = fap(graph, fanouts, p0)
+    if previous is None:
+        tiered = TieredFeatures.from_scores(store, scores, budgets)
+    else:
+        number = int(previous.placement) + 1
+        tiered = TieredFeatures.from_scores(
+            store, scores, budgets, metrics=previous.metrics, placement=number
+        )
     sizes = tiered.plan.sizes()
     log.info("placed features by FAP in %.2f s: %s rows", time.perf_counter() - start, sizes)
     return tiered
@@ -114,12 +123,14 @@ class TierRefresher:
             return False
         engine = self.engine
         fanouts = list(engine.planner.default)
+        current = engine.features
         tiered = place(
             engine.config.store.path,
             engine.graph,
             fanouts,
             self.budgets,
             self.traffic.distribution(),
+            current if isinstance(current, TieredFeatures) else None,
         )
         engine.features = tiered  # the next batch reads the new placement; batches reading
         self._placed_at = seen  # the old one finish on it (it is freed when they drop it)

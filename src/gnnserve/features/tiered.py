@@ -82,23 +82,34 @@ class TierStats:
 
 
 class TierMetrics:
-    """Prometheus collectors of one tiered store, in ``registry`` or a registry of their own."""
+    """Prometheus collectors of a server's tiered stores, in ``registry`` or one of their own.
+
+    One instance outlives re-placements (each new store is handed the previous one's):
+    the read counters carry a ``placement`` label (0 for the first, then 1, 2, ...), so what an
+    earlier placement served stays visible; the held-rows gauges show the current placement.
+    """
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         r = self.registry
         self.hits = Counter(
-            "gnnserve_features_tier_hits_total", "Feature rows read per tier", ["tier"], registry=r
+            "gnnserve_features_tier_hits_total",
+            "Feature rows read per tier and placement",
+            ["tier", "placement"],
+            registry=r,
         )
         self.bytes = Counter(
             "gnnserve_features_tier_bytes_total",
-            "Feature bytes read per tier",
-            ["tier"],
+            "Feature bytes read per tier and placement",
+            ["tier", "placement"],
             registry=r,
         )
         self.rows = Gauge("gnnserve_features_tier_rows", "Feature rows held", ["tier"], registry=r)
         self.resident = Gauge(
             "gnnserve_features_tier_resident_bytes", "Feature bytes held", ["tier"], registry=r
+        )
+        self.placement = Gauge(
+            "gnnserve_features_placement", "Placement in use (0 = the first)", registry=r
         )
 
     def render(self) -> bytes:
@@ -128,7 +139,8 @@ class TieredFeatures(FeatureStore):
     """The features of ``store`` (a path, or an ``s3://`` / ``file://`` URL) placed by ``plan``.
 
     ``tier_dir``: where the disk tier's file is written (default: a temporary directory removed
-    with the store). ``registry``: Prometheus registry for the tier counters (default: own).
+    with the store). ``metrics``: the tier collectors to count into (default: new ones; a
+    re-placement passes the previous store's), under placement number ``placement``.
     ``gap``: byte gap merged between ranges by the remote backend; ``options``: blob-store
     settings for an ``s3://`` store (endpoint, credentials; default from the environment).
     Reads after :meth:`close` fail.
@@ -139,7 +151,8 @@ class TieredFeatures(FeatureStore):
         store: Location,
         plan: TierPlan,
         tier_dir: str | Path | None = None,
-        registry: CollectorRegistry | None = None,
+        metrics: TierMetrics | None = None,
+        placement: int = 0,
         gap: int = 0,
         options: Mapping[str, str] | None = None,
     ) -> None:
@@ -159,12 +172,14 @@ class TieredFeatures(FeatureStore):
         self._rows_read = np.zeros(len(self._tiers), dtype=np.int64)
         self._reads = 0
         self._lock = threading.Lock()
-        self.metrics = TierMetrics(registry)
+        self.metrics = metrics if metrics is not None else TierMetrics()
+        self.placement = str(placement)
+        self.metrics.placement.set(placement)
         for t in self._tiers:
             self.metrics.rows.labels(t.name).set(t.rows)
             self.metrics.resident.labels(t.name).set(t.resident_bytes)
-            self.metrics.hits.labels(t.name)  # export 0 before the first read
-            self.metrics.bytes.labels(t.name)
+            self.metrics.hits.labels(t.name, self.placement)  # export 0 before the first read
+            self.metrics.bytes.labels(t.name, self.placement)
 
     @classmethod
     def from_scores(
@@ -255,8 +270,8 @@ class TieredFeatures(FeatureStore):
             self._reads += 1
         for t in np.flatnonzero(counts).tolist():
             name = self._tiers[t].name
-            self.metrics.hits.labels(name).inc(int(counts[t]))
-            self.metrics.bytes.labels(name).inc(int(counts[t]) * self.row_bytes)
+            self.metrics.hits.labels(name, self.placement).inc(int(counts[t]))
+            self.metrics.bytes.labels(name, self.placement).inc(int(counts[t]) * self.row_bytes)
 
     def stats(self) -> TierStats:
         """Rows held and rows and bytes read per tier, so far."""
