@@ -206,6 +206,20 @@ def _calibrate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default=None, help="profile JSON (default <store>/calibration.json)")
     p.add_argument("--buckets", type=int, default=12, help="PSGS buckets (geometric)")
     p.add_argument("--runs", type=int, default=10, help="timed batches per bucket and path")
+    p.add_argument(
+        "--confidence",
+        type=float,
+        default=None,
+        help="run enough batches per bucket that its max bounds the p99 with this probability "
+        "(0.5: 69 runs, 0.9: 230; overrides --runs)",
+    )
+    p.add_argument(
+        "--concurrency",
+        type=int,
+        default=None,
+        help="batches measured at once, as a busy server runs them (default: serve's "
+        "pipelines x pipeline depth, 2)",
+    )
     p.add_argument("--max-seeds", type=int, default=1024, help="seeds of the largest bucket")
     p.add_argument("--torch-threads", type=int, default=1, help="as serve --torch-threads")
     p.add_argument("--seed", type=int, default=0)
@@ -225,11 +239,16 @@ def run_calibrate(args: argparse.Namespace) -> int:
     from gnnserve.errors import InvalidInputError
     from gnnserve.fanouts import parse_fanouts
 
-    if args.buckets < 2 or min(args.runs, args.max_seeds, args.torch_threads) < 1:
+    concurrency = 1 if args.concurrency is None else args.concurrency
+    if args.buckets < 2 or min(args.runs, args.max_seeds, args.torch_threads, concurrency) < 1:
         raise InvalidInputError(
-            "--buckets must be at least 2, --runs, --max-seeds and --torch-threads at least 1",
+            "--buckets must be at least 2, --runs, --max-seeds, --torch-threads and "
+            "--concurrency at least 1",
             "calibrate",
         )
+    from gnnserve.sampling.calibration_runs import runs_for
+
+    runs = args.runs if args.confidence is None else runs_for(args.confidence)
     from tqdm import tqdm
 
     from gnnserve.sampling.calibrate import describe_point
@@ -247,16 +266,23 @@ def run_calibrate(args: argparse.Namespace) -> int:
         fanouts,
         args.out,
         args.buckets,
-        args.runs,
+        runs,
         args.max_seeds,
         args.torch_threads,
         args.seed,
         progress=progress,
         throughput=args.throughput_path,
+        concurrency=args.concurrency,
     )
     bar.close()
     for name, point in profile.points.items():
-        print(describe_point(name, point, profile.path_a, profile.path_b))
+        lo, hi = profile.intervals.get(name, [point, point])
+        line = describe_point(name, point, profile.path_a, profile.path_b)
+        print(f"{line} [90% of resamples: {lo:.0f}-{hi:.0f}]")
+    print(
+        f"gnnserve: {runs} runs per bucket, {profile.concurrency} at once: a bucket's max bounds "
+        f"its p99 with probability {profile.p99_confidence:.0%}"
+    )
     for warning in profile.warnings:
         print(
             f"gnnserve: warning: {warning}; too noisy to place a point reliably (the points use "

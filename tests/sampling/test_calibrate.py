@@ -23,6 +23,7 @@ from gnnserve.sampling.calibrate import (
     ProfileError,
     crossover,
     find_profile,
+    fit_curve,
     isotonic,
     load_profile,
     psgs_bound,
@@ -209,7 +210,6 @@ def test_describe_point_says_what_an_infinite_or_zero_point_means() -> None:
 
 
 def test_fit_is_monotone_and_a_noisy_raw_curve_is_flagged() -> None:
-    from gnnserve.sampling.calibrate import fit_curve
 
     assert isotonic([1.0, 3.0, 2.0, 4.0]) == [1.0, 2.5, 2.5, 4.0]  # pooled by hand
     assert isotonic([5.0, 1.0, 1.0]) == pytest.approx([7 / 3] * 3)
@@ -223,3 +223,72 @@ def test_fit_is_monotone_and_a_noisy_raw_curve_is_flagged() -> None:
     assert curve.mean_ms == pytest.approx([1.0, 4.5, 4.5, 4.5])  # 7.5, 2, 4 pooled
     assert len(warnings) == 4  # mean and max, each at PSGS 400 and 800 (below 80% of 7.5)
     assert "parallel mean falls from 7.50 ms (PSGS 200) to 2.00 ms (PSGS 400)" in warnings[0]
+
+
+def test_runs_for_a_p99_bound_with_a_stated_confidence() -> None:
+    from gnnserve.sampling.calibration_runs import p99_confidence, runs_for
+
+    assert p99_confidence(10) == pytest.approx(1 - 0.99**10)  # 9.6%
+    assert runs_for(0.5) == 69 and runs_for(0.9) == 230
+    assert p99_confidence(runs_for(0.9)) >= 0.9 > p99_confidence(runs_for(0.9) - 1)
+    for bad in (0.0, 1.0, -0.5):
+        with pytest.raises(InvalidInputError, match="confidence"):
+            runs_for(bad)
+
+
+def test_point_intervals_narrow_with_quiet_runs_and_widen_with_noise() -> None:
+    from gnnserve.sampling.calibration_runs import point_intervals
+
+    xs = [100.0, 1000.0, 10000.0, 100000.0]
+    rng = np.random.default_rng(4)
+
+    def profile(noise: float) -> CalibrationProfile:
+        def runs(ys: list[float]) -> list[list[float]]:
+            return [list(y * (1 + noise * rng.standard_normal(20)).clip(0.1)) for y in ys]
+
+        a, b = runs([0.5, 1.0, 4.0, 40.0]), runs([2.0, 2.4, 5.0, 16.0])
+        curves = {"inline": fit_curve(xs, a, "inline")[0], "parallel": fit_curve(xs, b, "p")[0]}
+        identity = Identity("h", 2, "p", "m@0", "g", [5])
+        out = CalibrationProfile(identity, "inline", "parallel", curves)
+        out.compute_points()
+        return out
+
+    quiet, noisy = profile(0.01), profile(0.3)
+    for p in (quiet, noisy):
+        p.intervals = point_intervals(p, np.random.default_rng(0), rounds=100)
+        assert set(p.intervals) == set(p.points)
+        assert all(lo <= hi for lo, hi in p.intervals.values())
+    lo, hi = quiet.intervals["throughput"]
+    assert lo <= quiet.points["throughput"] <= hi and hi / lo < 1.2
+    nlo, nhi = noisy.intervals["throughput"]
+    assert nhi / nlo > hi / lo  # noisier runs: a wider interval
+    again = CalibrationProfile.from_json(noisy.to_json(), "x")
+    assert again.intervals == noisy.intervals
+
+
+@pytest.mark.parametrize("concurrency", [1, 3])
+def test_measure_runs_batches_at_once_as_asked(small_store: Path, concurrency: int) -> None:
+    import threading
+    import time
+
+    from gnnserve.features import open_feature_store
+    from gnnserve.sampling.calibration_runs import measure
+
+    graph = open_graph_store(small_store)
+    inside, most, guard = [0], [0], threading.Lock()
+
+    def forward(_batch: object) -> None:  # counts the batches inside the model at once
+        with guard:
+            inside[0] += 1
+            most[0] = max(most[0], inside[0])
+        time.sleep(0.02)
+        with guard:
+            inside[0] -= 1
+
+    identity = Identity.here("m@0", graph.version, [5, 5])
+    profile = measure(
+        graph, open_feature_store(small_store), forward, identity, buckets=2, runs=6,
+        max_seeds=8, concurrency=concurrency,
+    )  # fmt: skip
+    assert most[0] == concurrency and profile.concurrency == concurrency
+    assert profile.p99_confidence == pytest.approx(1 - 0.99**6)

@@ -26,7 +26,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from gnnserve.config import SamplerConfig, ServeConfig
+from gnnserve.config import BatcherConfig, SamplerConfig, ServeConfig
 from gnnserve.errors import InvalidInputError
 from gnnserve.fanouts import check_fanouts
 from gnnserve.features import open_feature_store
@@ -177,6 +177,12 @@ def serving_profile(
     return profile
 
 
+def in_flight(config: BatcherConfig) -> int:
+    """Batches a server keeps in flight at once: pipelines x their depth (one per pipeline
+    when several run)."""
+    return config.pipelines if config.pipelines > 1 else config.pipeline_depth
+
+
 def calibrate(
     store_dir: str | Path,
     model_dir: str | Path,
@@ -189,6 +195,7 @@ def calibrate(
     seed: int = 0,
     progress: Callable[[str], None] | None = None,
     throughput: str | None = None,
+    concurrency: int | None = None,
 ) -> tuple[CalibrationProfile, Path, Path]:
     """Calibrate the sampling paths of the store at ``store_dir`` with the checkpoint at
     ``model_dir`` (see :func:`gnnserve.sampling.calibration_runs.measure`); writes the profile
@@ -196,7 +203,9 @@ def calibrate(
 
     ``fanouts`` default to ``serve``'s; ``torch_threads`` as ``serve --torch-threads`` (the model
     forward is part of each measured batch); ``throughput`` names the path measured against
-    inline (default: cuda where present, else parallel). Returns (profile, json path, png path).
+    inline (default: cuda where present, else parallel); ``concurrency``: batches measured at
+    once (default: as many as ``serve`` keeps in flight, ``batcher.pipelines`` x
+    ``pipeline_depth``). Returns (profile, json path, png path).
     """
     graph = open_graph_store(store_dir)
     features = open_feature_store(store_dir)
@@ -224,6 +233,7 @@ def calibrate(
             seed,
             progress,
             throughput,
+            concurrency or in_flight(BatcherConfig()),
         )
     finally:
         torch.set_num_threads(before)

@@ -195,6 +195,9 @@ class CalibrationProfile:
     created: str = ""  # ISO time of the measurement
     format_version: int = FORMAT_VERSION
     warnings: list[str] = field(default_factory=list)  # raw curves too noisy (fit_curve)
+    concurrency: int = 1  # batches run at once while measuring
+    p99_confidence: float = 0.0  # chance a bucket's max bounds its p99 (1 - 0.99^runs)
+    intervals: dict[str, list[float]] = field(default_factory=dict)  # point -> [p5, p95]
 
     def compute_points(self) -> None:
         """Fill ``points`` from the curves of ``path_a`` and ``path_b``."""
@@ -210,6 +213,9 @@ class CalibrationProfile:
         """JSON text; an infinite point is written as null."""
         doc = asdict(self)
         doc["points"] = {k: None if math.isinf(v) else v for k, v in self.points.items()}
+        doc["intervals"] = {
+            k: [None if math.isinf(x) else x for x in v] for k, v in self.intervals.items()
+        }
         return json.dumps(doc, indent=2)
 
     @classmethod
@@ -223,6 +229,10 @@ class CalibrationProfile:
             doc["curves"] = {k: Curve(**c) for k, c in doc["curves"].items()}
             doc["points"] = {
                 k: math.inf if v is None else float(v) for k, v in doc["points"].items()
+            }
+            doc["intervals"] = {
+                k: [math.inf if x is None else float(x) for x in v]
+                for k, v in doc.get("intervals", {}).items()
             }
             return cls(**doc)
         except (ValueError, TypeError, KeyError, AttributeError) as exc:

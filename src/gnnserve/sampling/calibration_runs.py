@@ -6,6 +6,8 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +21,41 @@ from gnnserve.sampling.calibrate import POINTS, CalibrationProfile, Identity, fi
 from gnnserve.sampling.metrics import psgs
 from gnnserve.sampling.paths import build_path, throughput_path
 from gnnserve.types import MiniBatch
+
+
+def p99_confidence(runs: int) -> float:
+    """Probability that the max of ``runs`` independent runs is at least their p99:
+    1 - 0.99^runs (10 runs: 9.6%; 69: 50%; 230: 90%)."""
+    return 1.0 - 0.99**runs
+
+
+def runs_for(confidence: float) -> int:
+    """Runs per bucket whose max bounds the p99 with ``confidence`` (in (0, 1))."""
+    if not 0 < confidence < 1:
+        raise InvalidInputError(f"confidence must be in (0, 1), got {confidence}", "confidence")
+    return math.ceil(math.log(1 - confidence) / math.log(0.99))
+
+
+def point_intervals(
+    profile: CalibrationProfile, rng: np.random.Generator, rounds: int = 200
+) -> dict[str, list[float]]:
+    """5th and 95th percentile of each crossover point over ``rounds`` bootstrap resamples of
+    every bucket's runs (refitted): how far the measured noise moves the points."""
+    a, b = profile.path_a, profile.path_b
+    found: dict[str, list[float]] = {k: [] for k in POINTS}
+    for _ in range(rounds):
+        curves = {}
+        for p in (a, b):
+            c = profile.curves[p]
+            resampled = [list(rng.choice(r, len(r))) for r in c.runs_ms]
+            curves[p] = fit_curve(c.psgs, resampled, p)[0]
+        again = CalibrationProfile(profile.identity, a, b, curves)
+        again.compute_points()
+        for k, v in again.points.items():
+            found[k].append(v)
+    # order statistics, not interpolation: a point may be inf (the curves do not cross)
+    low, high = (partial(np.percentile, q=q, method=m) for q, m in ((5, "lower"), (95, "higher")))
+    return {k: [float(low(v)), float(high(v))] for k, v in found.items()}
 
 
 def bucket_batches(
@@ -64,11 +101,14 @@ def measure(
     seed: int = 0,
     progress: Callable[[str], None] | None = None,
     throughput: str | None = None,
+    concurrency: int = 1,
 ) -> CalibrationProfile:
     """Calibrate the latency path (inline) against the ``throughput`` path (default
     :func:`throughput_path`: cuda where present, else parallel) on ``graph`` with
-    ``identity.fanouts``: every batch through both paths, interleaved, after one untimed
-    warm-up pass of the smallest and largest batches."""
+    ``identity.fanouts``: every batch through both paths, the paths alternating bucket by
+    bucket, after one untimed warm-up pass of the smallest and largest batches.
+    ``concurrency``: batches of a bucket run at once (threads), so the curves are measured
+    with the processors as busy as a server running that many batches keeps them."""
     fanouts = identity.fanouts
     cost = psgs(graph, fanouts)
     plan = bucket_batches(cost, buckets, runs, max_seeds, np.random.default_rng(seed))
@@ -81,11 +121,12 @@ def measure(
             run_batch(sampler, graph, features, forward, seeds)
     runs_ms: dict[str, list[list[float]]] = {p: [] for p in names}
     xs = []
+    pool = ThreadPoolExecutor(concurrency, thread_name_prefix="calibrate")
     for i, batches in enumerate(plan):
-        times: dict[str, list[float]] = {p: [] for p in names}
-        for seeds in batches:
-            for p in names:
-                times[p].append(run_batch(samplers[p], graph, features, forward, seeds))
+        times: dict[str, list[float]] = {}
+        for p in names:
+            run = partial(run_batch, samplers[p], graph, features, forward)
+            times[p] = list(pool.map(run, batches))
         xs.append(float(np.mean([cost[s].sum() for s in batches])))
         for p in names:
             runs_ms[p].append(times[p])
@@ -99,7 +140,11 @@ def measure(
     curves = {p: curve for p, (curve, _) in fitted.items()}
     created = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     profile = CalibrationProfile(identity, names[0], names[1], curves, {}, runs, created)
+    pool.shutdown()
     profile.warnings = [w for _, found in fitted.values() for w in found]
+    profile.concurrency = concurrency
+    profile.p99_confidence = p99_confidence(runs)
+    profile.intervals = point_intervals(profile, np.random.default_rng(seed))
     profile.compute_points()
     return profile
 
