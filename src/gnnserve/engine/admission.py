@@ -206,24 +206,18 @@ class Admission:
                     f"{budget:g} ms; retry later",
                     predicted,
                 )
+        limits = []  # (seconds the answer may take, what that limit is)
         if self.slo_ms is not None:
-            slo_s = self.slo_ms / 1e3
-            latency = predicted.latency_s + min(backlog.calibration.margin_s, slo_s / 2)
-            if latency > slo_s:
-                return (
-                    f"answer predicted in {latency * 1e3:.0f} ms, past the latency SLO of "
-                    f"{self.slo_ms:g} ms (batcher.latency_slo_ms); retry later",
-                    predicted,
-                )
+            limits.append(
+                (self.slo_ms / 1e3, "past the latency SLO of {:g} ms (batcher.latency_slo_ms)")
+            )
         if deadline is not None:
-            remaining = deadline - now
-            latency = predicted.latency_s + min(backlog.calibration.margin_s, remaining / 2)
-            if latency > remaining:
-                return (
-                    f"answer predicted in {latency * 1e3:.0f} ms, after the request's deadline "
-                    f"(in {remaining * 1e3:.0f} ms); retry later",
-                    predicted,
-                )
+            limits.append((deadline - now, "after the request's deadline (in {:.0f} ms)"))
+        for limit_s, what in limits:
+            latency = predicted.latency_s + min(backlog.calibration.margin_s, limit_s / 2)
+            if latency > limit_s:
+                said = what.format(limit_s * 1e3)
+                return f"answer predicted in {latency * 1e3:.0f} ms, {said}; retry later", predicted
         return None, predicted
 
     def would_refuse(self, deadline: float | None = None) -> float | None:
