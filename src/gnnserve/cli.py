@@ -47,6 +47,8 @@ SERVE_FLAGS: tuple[tuple[str, str], ...] = (
     ("--fsync", "store.fsync"),
     ("--tiers", "store.tiers"),
     ("--tier-refresh-s", "store.tier_refresh_s"),
+    ("--feature-servers", "store.feature_servers"),
+    ("--feature-server-share", "store.feature_server_share"),
     ("--presample", "sampler.presample"),
     ("--routing", "sampler.routing"),
     ("--calibration", "sampler.calibration"),
@@ -175,6 +177,10 @@ def run_serve(args: argparse.Namespace) -> int:
     s = config.server
     keys = load_api_keys(s.api_keys)  # before loading anything: a bad keys file exits at once
     check_exposure(s.host, keys, s.insecure)
+    if config.store.feature_servers:  # Ray actors, on the cluster in RAY_ADDRESS when set
+        from gnnserve.deploy.ray import start_ray
+
+        start_ray(config.store.feature_servers)
     engine = build_engine(config)
     app = create_app(engine, s.model_name, api_keys=keys)
     print(

@@ -47,6 +47,20 @@ class StoreConfig(_Strict):
         description="with tiers: re-place them every S seconds from the seeds served (0 = keep "
         "the start-up placement, uniform p0)",
     )
+    feature_servers: int = Field(
+        0,
+        ge=0,
+        description="serve features from this many Ray actors (Quiver §5.2: the hottest rows by "
+        "FAP on every one, the rest partitioned; a read goes to the server holding most of its "
+        "rows); 0 = in this process",
+    )
+    feature_server_share: float = Field(
+        0.5,
+        gt=0.0,
+        le=1.0,
+        description="with feature_servers: rows each server holds, as a share of the nodes "
+        "(the replicated hottest plus its partition); times feature_servers must be >= 1",
+    )
 
 
 class SamplerConfig(_Strict):

@@ -65,3 +65,28 @@ def test_a_server_holds_the_replicated_rows_and_its_own(small_store: Path) -> No
 def test_bad_placements_are_refused(small_store: Path, owner, servers) -> None:
     with pytest.raises(InvalidInputError, match="owner|servers"):
         FeatureCluster(small_store, np.zeros(2000, np.int64) if owner is None else owner, servers)
+
+
+def test_routed_reads_go_to_the_server_holding_most_and_are_exact(small_store: Path) -> None:
+    from gnnserve.features.partitioned import RoutedFeatures
+
+    x = open_feature_store(small_store).get(np.arange(2000))
+    owner = _owner(2000)
+    store = RoutedFeatures(FeatureCluster(small_store, owner, P))
+    try:
+        rng = np.random.default_rng(2)
+        for favoured in range(P):
+            mostly = np.flatnonzero(owner == favoured)[:60]  # 60 of one server's rows
+            others = rng.choice(np.flatnonzero(owner != favoured), 20)  # 20 of any other
+            ids = np.concatenate([mostly, others, [0, 0]])  # and a replicated row, twice
+            assert store.route(ids) == favoured
+            before = store.stats.local_rows, store.stats.remote_calls
+            torch.testing.assert_close(store.get(ids), x[ids], rtol=0, atol=0)
+            held = np.isin(owner[ids], [-1, favoured])
+            assert store.stats.local_rows - before[0] == int(held.sum())
+            away = owner[ids][~held]
+            assert store.stats.remote_calls - before[1] == len(np.unique(away))
+        assert store.routed.tolist() == [1] * P
+        assert store.get(np.empty(0, dtype=np.int64)).shape == (0, x.shape[1])
+    finally:
+        store.close()

@@ -9,6 +9,8 @@ unreadable only new-node requests are refused (409, with the reason).
 from __future__ import annotations
 
 import logging
+import math
+import time
 
 from gnnserve.config import ServeConfig
 from gnnserve.data.blobs import open_blobs
@@ -29,6 +31,7 @@ from gnnserve.errors import (
 from gnnserve.fanouts import check_fanouts
 from gnnserve.features import open_feature_store
 from gnnserve.features.base import FeatureStore
+from gnnserve.features.partitioned import RoutedFeatures
 from gnnserve.features.remote import RemoteFeatures
 from gnnserve.graph import open_graph_store
 from gnnserve.graph.base import GraphStore
@@ -36,6 +39,7 @@ from gnnserve.graph.remote import RemoteCSR, RemoteGraphStore
 from gnnserve.models.checkpoint import load_checkpoint
 from gnnserve.models.runner import ModelRunner
 from gnnserve.newnodes.service import check_embeddings
+from gnnserve.sampling.metrics import fap
 from gnnserve.urls import resolve
 
 log = logging.getLogger(__name__)
@@ -65,7 +69,9 @@ def build_engine(config: ServeConfig) -> Engine:
             f"model expects {ckpt.config.in_dim} input features, the store has {features.dim}",
             "model_path",
         )
-    if budgets is not None:  # the table was checked above; the tiers read the store themselves
+    if config.store.feature_servers:
+        features = _feature_servers(config, graph)
+    elif budgets is not None:  # the table was checked above; the tiers read the store themselves
         features = _tiered(config, graph, budgets)
     trained_on = ckpt.meta.get("store_checksum")
     if trained_on and trained_on != graph.version:
@@ -74,6 +80,8 @@ def build_engine(config: ServeConfig) -> Engine:
     if not config.store.update_log:
         pes, problem = load_embeddings(config, graph, ckpt.version)
         engine = Engine(graph, features, runner, config, embeddings=pes, embeddings_error=problem)
+        if isinstance(features, RoutedFeatures):
+            engine.on_stop.append(features.close)  # the feature servers stop with the engine
         if budgets is not None and config.store.tier_refresh_s > 0:
             engine.tiers = TierRefresher(engine, budgets, config.store.tier_refresh_s).start()
         return engine
@@ -108,6 +116,46 @@ def _tiered(
         )
     fanouts = check_fanouts(config.sampler.fanouts)
     return place(config.store.path, graph, fanouts, budgets)
+
+
+def _feature_servers(config: ServeConfig, graph: GraphStore) -> FeatureStore:
+    """The features on ``store.feature_servers`` Ray actors (Ray started by the caller)
+    placed by FAP (uniform p0) with the hottest rows replicated, read through
+    :class:`RoutedFeatures`; a static store only."""
+    import ray
+
+    from gnnserve.features.partitioned import FeatureCluster
+    from gnnserve.features.placement import server_plan
+
+    store, servers = config.store, config.store.feature_servers
+    if store.update_log or store.tiers:
+        raise InvalidInputError(
+            "feature servers are placed once over a static store, without tiers: drop "
+            "--update-log / --tiers or --feature-servers",
+            "store.feature_servers",
+        )
+    rows = math.ceil(store.feature_server_share * graph.num_nodes)
+    if rows * servers < graph.num_nodes:
+        raise InvalidInputError(
+            f"{servers} feature servers holding {store.feature_server_share:g} of the nodes "
+            "each cannot hold them all: raise --feature-server-share or --feature-servers",
+            "store.feature_server_share",
+        )
+    if not ray.is_initialized():
+        raise InvalidInputError(
+            "feature servers are Ray actors: start Ray first (`gnnserve serve` does; from "
+            "Python, gnnserve.deploy.ray.start_ray)",
+            "store.feature_servers",
+        )
+    scores = fap(graph, check_fanouts(config.sampler.fanouts))
+    plan = server_plan(scores, servers, rows)
+    start = time.perf_counter()
+    cluster = FeatureCluster(store.path, plan.owner, servers)
+    log.info(
+        "features on %d servers (%d rows replicated, %d rows each) in %.1f s",
+        servers, plan.replicated.size, rows, time.perf_counter() - start,
+    )  # fmt: skip
+    return RoutedFeatures(cluster)
 
 
 def build_gateway_engine(config: ServeConfig) -> Engine:

@@ -7,8 +7,10 @@ store: its own rows (replicated and owned) in its memory, the others read from t
 rows one-sided over InfiniBand; here a read is a Ray object transfer (plasma store on one
 machine, TCP across machines) — the bytes counted are the same.
 
-Counters (:class:`PlacementStats`) record local and remote rows and bytes, so a benchmark can
-report the share of feature bytes read remotely for a placement.
+:class:`RoutedFeatures` is a client of the cluster that holds no rows (``serve
+--feature-servers``): each read goes to the server holding most of its rows. Counters
+(:class:`PlacementStats`) record local and remote rows and bytes, so a benchmark can report the
+share of feature bytes read remotely for a placement.
 """
 
 from __future__ import annotations
@@ -154,3 +156,61 @@ class PartitionedFeatures(FeatureStore):
             self.stats.remote_bytes += int(away.size) * self.dim * 4
             self.stats.remote_calls += len(pending)
         return out
+
+
+class RoutedFeatures(FeatureStore):
+    """A client of a :class:`FeatureCluster` holding no rows itself (``serve --feature-servers``).
+
+    Locality-aware routing: a read goes to the server that holds most of its rows (replicated
+    rows count for every server, so the owners of the rest decide; ties to the lowest index),
+    which returns every row it holds; the rows it lacks come from their owners, in calls issued
+    together. ``stats``: rows served by the chosen server (``local_rows``) and by the others
+    (``remote_rows``), and the calls made.
+    """
+
+    def __init__(self, cluster: FeatureCluster) -> None:
+        self.cluster = cluster
+        self.servers = len(cluster.actors)
+        self.stats = PlacementStats()
+        self.routed = np.zeros(self.servers, dtype=np.int64)  # reads sent to each server first
+        self._lock = threading.Lock()
+
+    @property
+    def num_nodes(self) -> int:
+        return self.cluster.num_nodes
+
+    @property
+    def dim(self) -> int:
+        return self.cluster.dim
+
+    def route(self, ids: np.ndarray) -> int:
+        """The server holding most of ``ids``."""
+        owners = self.cluster.owner[ids]
+        counts = np.bincount(owners[owners >= 0], minlength=self.servers)
+        return int(np.argmax(counts))
+
+    def _read(self, ids: np.ndarray) -> torch.Tensor:
+        import ray
+
+        out = torch.empty(ids.size, self.dim)
+        if ids.size == 0:
+            return out
+        first = self.route(ids)
+        owners = self.cluster.owner[ids].copy()
+        owners[owners == REPLICATED] = first  # the chosen server has every replicated row
+        calls = [(first, np.flatnonzero(owners == first))]
+        calls += [(int(p), np.flatnonzero(owners == p)) for p in np.unique(owners) if p != first]
+        refs = [self.cluster.actors[p].read.remote(ids[at]) for p, at in calls]
+        for (_, at), rows in zip(calls, ray.get(refs), strict=True):
+            out.numpy()[at] = rows  # Ray hands back a read-only array: numpy copies it in
+        with self._lock:
+            self.routed[first] += 1
+            self.stats.local_rows += int(calls[0][1].size)
+            self.stats.remote_rows += int(ids.size - calls[0][1].size)
+            self.stats.remote_bytes += int(ids.size - calls[0][1].size) * self.dim * 4
+            self.stats.remote_calls += len(calls) - 1
+        return out
+
+    def close(self) -> None:
+        """Stop the cluster's actors."""
+        self.cluster.shutdown()
