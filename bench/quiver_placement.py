@@ -4,13 +4,16 @@ For each graph and request stream (``quiver_streams``), p0 is learned online fro
 of the stream (``SeedTraffic``, beyond Quiver's fixed p0) and FAP computed from it; placements
 are scored on the second half, which they never saw:
 
-- hot-tier hit rate at a RAM budget of 10% and 25% of the feature bytes: FAP (learned p0), FAP
-  with Quiver's default uniform p0, degree-ranked (AliGraph-style: how many neighbourhoods a node
-  is in, the degree sampling sees), and random;
+- hot-tier hit rate at a RAM budget of 10% and 25% of the feature bytes (equal memory for
+  every arm): FAP (learned p0), FAP with Quiver's default uniform p0, degree-ranked
+  (AliGraph-style: how many neighbourhoods a node is in, the degree sampling sees), ranked by
+  the feature reads of the learned half (``past_reads``, the traffic-aware baseline), and
+  random (an LRU cache of the same size is not simulated);
 - for P servers, requests routed by seed hash: the share of feature reads served remotely when
   each server holds 1.25 N/P rows, for FAP (per-server FAP from each server's own learned
   traffic), degree (hottest by degree replicated, the rest dealt in degree order), and hash
-  partitioning (DGL default, N/P rows: it replicates nothing); FAP at N/P rows too. Counted
+  partitioning (DGL default, N/P rows: it replicates nothing); FAP at N/P rows too (the
+  equal-memory comparison with hash). Counted
   from the scored reads for P = 2, 4, 8, and measured through real feature-server Ray actors
   (features.partitioned) on a share of the requests for P = 2, 4;
 - mean feature-gather time per request from a tiered store (RAM tier at the budget, the rest
@@ -70,6 +73,8 @@ def scores(graph: GraphStore, fanouts: list[int], history: np.ndarray, seed: int
         "fap": fap(graph, fanouts, learned_p0(history, n)),
         "fap_uniform_p0": fap(graph, fanouts),
         "degree": np.bincount(np.asarray(indices), minlength=n).astype(np.float64),
+        # traffic-aware baseline: rank by the feature reads the learned half made
+        "past_reads": count_accesses(graph, fanouts, history, ()).total.astype(np.float64),
         "random": np.random.default_rng(seed).random(n),
     }
 
