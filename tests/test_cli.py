@@ -179,6 +179,8 @@ SERVE_FLAG_VALUES = [
     ("--pipelines", "3", "batcher.pipelines", 3),
     ("--tiers", "ram=1G", "store.tiers", "ram=1G"),
     ("--tier-refresh-s", "60", "store.tier_refresh_s", 60.0),
+    ("--feature-servers", "3", "store.feature_servers", 3),
+    ("--feature-server-share", "0.4", "store.feature_server_share", 0.4),
     ("--embeddings", "pes", "embeddings.path", "pes"),
     ("--embeddings-backend", "mmap", "embeddings.backend", "mmap"),
     ("--new-node-mode", "ns", "embeddings.mode", "ns"),
