@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -10,6 +12,11 @@ from typing import Any
 
 import numpy as np
 import pytest
+
+# Without a GPU, numba's CUDA simulator runs the GPU sampler's kernels (tests/sampling/
+# test_cuda_sampler.py); numba reads this when first imported: set before the imports below.
+if shutil.which("nvidia-smi") is None:
+    os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
 
 from gnnserve.data.writer import GraphData, write_store
 

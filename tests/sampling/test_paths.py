@@ -17,6 +17,7 @@ from gnnserve.sampling.paths import (
     available_paths,
     build_path,
     cuda_path,
+    cuda_torch_path,
     path_for,
     throughput_path,
 )
@@ -27,7 +28,8 @@ FANOUTS = [10, 5]
 
 
 def test_registry_lists_the_cpu_paths_and_cuda_only_with_a_gpu() -> None:
-    want = ["inline", "parallel", "torch"] + (["cuda"] if torch.cuda.is_available() else [])
+    gpu = ["cuda", "cuda-torch"] if torch.cuda.is_available() else []
+    want = ["inline", "parallel", "torch", *gpu]
     assert available_paths() == sorted(want)
     assert throughput_path() == ("cuda" if torch.cuda.is_available() else "parallel")
 
@@ -113,13 +115,14 @@ def test_unknown_path_is_refused_naming_the_choices(small_store: Path) -> None:
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA device")
 def test_cuda_path_without_a_gpu_is_a_typed_error(small_store: Path) -> None:
-    with pytest.raises(SamplingPathError, match="needs a CUDA device"):
-        cuda_path(open_graph_store(small_store), FANOUTS)
+    for build in (cuda_path, cuda_torch_path):
+        with pytest.raises(SamplingPathError, match="needs a CUDA device"):
+            build(open_graph_store(small_store), FANOUTS)
     with pytest.raises(InvalidInputError, match="torch"):  # unregistered: the choices named
         build_path("cuda", open_graph_store(small_store), FANOUTS)
 
 
-@pytest.mark.parametrize("path", ["torch", "cuda"])
+@pytest.mark.parametrize("path", ["torch", "cuda", "cuda-torch"])
 def test_a_throughput_sampler_takes_the_batches_at_the_threshold(
     small_store: Path, monkeypatch: pytest.MonkeyPatch, path: str
 ) -> None:

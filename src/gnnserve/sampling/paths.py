@@ -6,12 +6,16 @@
   (``NeighborSampler`` with threshold 1: every batch goes hop by hop, each hop of at least
   ``PARALLEL_DRAW_EDGES`` edges drawn in parallel): exactly what a served sampler runs for a
   batch past its routing point, so calibration measures the path that is served;
-- ``cuda``: registered only when torch sees a GPU: :class:`~gnnserve.sampling.device.DeviceSampler`
-  with the adjacency in GPU memory, every hop drawn by tensor operations on the GPU; the
-  throughput path there. Features are gathered on the GPU by the tiered store's ``gpu`` tier
-  (``serve --tiers gpu=...``);
-- ``torch``: the same ``DeviceSampler`` on the CPU (torch's intra-op threads). Slower than the
-  numba paths for small batches; it is the ``cuda`` path's code on any machine.
+- ``cuda``: registered only when torch sees a GPU:
+  :class:`~gnnserve.sampling.cuda_sampler.CudaSampler` with the adjacency in GPU memory, each
+  hop a few numba-cuda kernel launches (count, scan, draw, relabel); the throughput path there.
+  Features are gathered on the GPU by the tiered store's ``gpu`` tier (``serve --tiers
+  gpu=...``), or, with the model on the GPU too, by
+  :class:`~gnnserve.engine.device_pipeline.DevicePipeline`;
+- ``cuda-torch``: :class:`~gnnserve.sampling.device.DeviceSampler` on the GPU (the previous
+  GPU path: whole-frontier torch operations, ~20 launches per Floyd step), GPU machines only;
+- ``torch``: that ``DeviceSampler`` on the CPU (torch's intra-op threads). Slower than the numba
+  paths for small batches.
 
 All paths draw the same sample for the same draw key (tested). A served ``NeighborSampler``
 chooses per batch: a batch whose summed PSGS (expected sampled nodes) is below its
@@ -31,6 +35,7 @@ import torch
 from gnnserve.errors import GnnServeError
 from gnnserve.graph.base import GraphStore
 from gnnserve.registry import Registry
+from gnnserve.sampling.cuda_sampler import CudaSampler
 from gnnserve.sampling.device import DeviceSampler
 from gnnserve.sampling.sampler import NeighborSampler
 from gnnserve.types import SampledSubgraph
@@ -86,15 +91,28 @@ def torch_path(
 
 def cuda_path(
     graph: GraphStore, fanouts: list[int], seed: int = 0, cost: np.ndarray | None = None
+) -> CudaSampler:
+    """GPU throughput path: the adjacency in GPU memory, each hop a few numba-cuda kernels."""
+    _need_cuda("cuda")
+    return CudaSampler(graph, fanouts, seed, cost)
+
+
+def cuda_torch_path(
+    graph: GraphStore, fanouts: list[int], seed: int = 0, cost: np.ndarray | None = None
 ) -> DeviceSampler:
-    """GPU throughput path: the adjacency in GPU memory, each hop drawn on the GPU."""
-    if not torch.cuda.is_available():
-        raise SamplingPathError("the cuda sampling path needs a CUDA device", "path")
+    """The torch device sampler on the GPU (whole-frontier tensor operations)."""
+    _need_cuda("cuda-torch")
     return DeviceSampler(graph, fanouts, seed, cost, device="cuda")
+
+
+def _need_cuda(path: str) -> None:
+    if not torch.cuda.is_available():
+        raise SamplingPathError(f"the {path} sampling path needs a CUDA device", "path")
 
 
 if torch.cuda.is_available():  # pragma: no cover - GPU machines only
     SAMPLING_PATHS.register("cuda")(cuda_path)
+    SAMPLING_PATHS.register("cuda-torch")(cuda_torch_path)
 
 
 def cpu_paths() -> list[str]:
