@@ -74,10 +74,10 @@ def run_config(
     gnn, trained_acc = model(bench, arch, work)
     services: dict[str, FogService] = {}
     try:
-        for tag, (name, kwargs) in enumerate(MODES.items()):
+        for name, kwargs in MODES.items():  # side by side: each claims its own testbed slot
             t0 = time.perf_counter()
             env = nodes(net, fog_link)
-            services[name] = FogService(gnn, bench.graph, bench.x, env, tag=tag, **kwargs)
+            services[name] = FogService(gnn, bench.graph, bench.x, env, **kwargs)
             took = time.perf_counter() - t0
             print(f"[fog] {bench.name} {arch} {net}: {name} ready in {took:.1f} s", flush=True)
         reports: dict[str, list[Any]] = {m: [] for m in services}
@@ -126,10 +126,8 @@ def run_trace(
     gnn, _ = model(bench, arch, work)
     arms = {"adaptive": True, "static": False}
     services = {
-        name: FogService(
-            gnn, bench.graph, bench.x, nodes(net, fog_link), "fograph", adaptive=on, tag=10 + i
-        )
-        for i, (name, on) in enumerate(arms.items())
+        name: FogService(gnn, bench.graph, bench.x, nodes(net, fog_link), "fograph", adaptive=on)
+        for name, on in arms.items()
     }
     series: dict[str, list[float]] = {name: [] for name in arms}
     node_ms: dict[str, list[list[float]]] = {name: [] for name in arms}

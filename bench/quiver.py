@@ -143,7 +143,8 @@ def report(name: str, kind: str, row: dict, targets: Targets) -> None:
         key = f"{b:.0%}"
         print(
             f"[quiver] {name} {kind} hot {key}: fap {hr['fap'][key]:.3f} degree "
-            f"{hr['degree'][key]:.3f} past reads {hr['past_reads'][key]:.3f} random "
+            f"{hr['degree'][key]:.3f} past reads {hr['past_reads'][key]:.3f} lru "
+            f"{hr['lru'][key]:.3f} random "
             f"{hr['random'][key]:.3f} best static {hr['best_static'][key]:.3f}",
             flush=True,
         )
@@ -152,6 +153,8 @@ def report(name: str, kind: str, row: dict, targets: Targets) -> None:
         targets.check(f"{name} {kind} hot {key}: FAP - degree hit rate", gain, goal)
         past = hr["fap"][key] - hr["past_reads"][key]
         targets.check(f"{name} {kind} hot {key}: FAP - past-reads hit rate", past, 0.0)
+        lru = hr["fap"][key] - hr["lru"][key]
+        targets.check(f"{name} {kind} hot {key}: FAP - LRU hit rate", lru, 0.0)
         g = row["gather_ms"][key]
         print(f"[quiver]   gather ms {key}: " + " ".join(f"{k} {v:.3f}" for k, v in g.items()))
     for p, shares in row["remote_share_counted"].items():

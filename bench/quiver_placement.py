@@ -7,8 +7,9 @@ are scored on the second half, which they never saw:
 - hot-tier hit rate at a RAM budget of 10% and 25% of the feature bytes (equal memory for
   every arm): FAP (learned p0), FAP with Quiver's default uniform p0, degree-ranked
   (AliGraph-style: how many neighbourhoods a node is in, the degree sampling sees), ranked by
-  the feature reads of the learned half (``past_reads``, the traffic-aware baseline), and
-  random (an LRU cache of the same size is not simulated);
+  the feature reads of the learned half (``past_reads``, the traffic-aware baseline), random,
+  and an LRU cache of as many rows warmed on the learned half's reads (``lru``: the dynamic
+  cache a static placement must beat);
 - for P servers, requests routed by seed hash: the share of feature reads served remotely when
   each server holds 1.25 N/P rows, for FAP (per-server FAP from each server's own learned
   traffic), degree (hottest by degree replicated, the rest dealt in degree order), and hash
@@ -43,7 +44,14 @@ from gnnserve.graph.base import GraphStore
 from gnnserve.sampling.metrics import fap
 from gnnserve.sampling.sampler import NeighborSampler
 from gnnserve.sampling.traffic import SeedTraffic
-from quiver_streams import Accesses, count_accesses, draw_seeds, hit_rate, popularity
+from quiver_streams import (
+    Accesses,
+    count_accesses,
+    draw_seeds,
+    hit_rate,
+    lru_hit_rate,
+    popularity,
+)
 
 BUDGETS = (0.10, 0.25)  # hot-tier share of the feature bytes
 SLACK = 1.25  # per-server capacity, in units of N / P rows
@@ -65,8 +73,10 @@ def learned_p0(seeds: np.ndarray, n: int) -> np.ndarray:
     return traffic.distribution()
 
 
-def scores(graph: GraphStore, fanouts: list[int], history: np.ndarray, seed: int) -> dict:
-    """Per-node ranking of each placement policy."""
+def scores(
+    graph: GraphStore, fanouts: list[int], history: np.ndarray, past: Accesses, seed: int
+) -> dict:
+    """Per-node ranking of each placement policy (``past``: the reads of ``history``)."""
     n = graph.num_nodes
     indices = graph.csr()[1]
     return {
@@ -74,17 +84,25 @@ def scores(graph: GraphStore, fanouts: list[int], history: np.ndarray, seed: int
         "fap_uniform_p0": fap(graph, fanouts),
         "degree": np.bincount(np.asarray(indices), minlength=n).astype(np.float64),
         # traffic-aware baseline: rank by the feature reads the learned half made
-        "past_reads": count_accesses(graph, fanouts, history, ()).total.astype(np.float64),
+        "past_reads": past.total.astype(np.float64),
         "random": np.random.default_rng(seed).random(n),
     }
 
 
-def hit_rates(ranking: dict[str, np.ndarray], accesses: Accesses) -> dict[str, dict]:
-    """Hot-tier hit rate per policy and budget."""
-    return {
+def hit_rates(
+    ranking: dict[str, np.ndarray], past: Accesses, accesses: Accesses
+) -> dict[str, dict]:
+    """Hot-tier hit rate per policy and budget, and of an LRU cache of the same rows warmed
+    on the learned half's reads (``lru``)."""
+    rates = {
         name: {f"{b:.0%}": hit_rate(accesses.total, hot(s, b)) for b in BUDGETS}
         for name, s in ranking.items()
     }
+    n = accesses.total.size
+    rates["lru"] = {
+        f"{b:.0%}": lru_hit_rate(past, accesses, int(hot(np.zeros(n), b).sum()), n) for b in BUDGETS
+    }
+    return rates
 
 
 def run_stream(
@@ -94,7 +112,8 @@ def run_stream(
     n = graph.num_nodes
     seeds = draw_seeds(popularity(kind, n, seed=1), 2 * requests, seed=2)
     history, future = seeds[:requests], seeds[requests:]
-    ranking = scores(graph, fanouts, history, seed=3)
+    past = count_accesses(graph, fanouts, history, ())
+    ranking = scores(graph, fanouts, history, past, seed=3)
     accesses = count_accesses(graph, fanouts, future, servers)
     ceiling = {"best_static": accesses.total.astype(np.float64)}  # ranked by the answer itself
     return {
@@ -102,7 +121,7 @@ def run_stream(
         "requests_learned": int(history.size),
         "requests_scored": int(future.size),
         "rows_read": accesses.rows_read,
-        "hit_rate": hit_rates(ranking | ceiling, accesses),
+        "hit_rate": hit_rates(ranking | ceiling, past, accesses),
         "history": history,
         "future": future,
         "accesses": accesses,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numba
 import numpy as np
 
 from gnnserve.graph.base import GraphStore
@@ -40,6 +41,7 @@ class Accesses:
     total: np.ndarray  # int64 [N]: requests that read each node
     per_server: dict[int, np.ndarray]  # P -> int64 [P, N]: reads by server p's requests
     rows_read: int  # sum of total
+    sequence: np.ndarray  # int64 [rows_read]: every read in stream order (an LRU replays it)
 
 
 def count_accesses(
@@ -51,14 +53,55 @@ def count_accesses(
     sampler = NeighborSampler(graph, fanouts, seed=11)
     total = np.zeros(n, dtype=np.int64)
     per = {p: np.zeros((p, n), dtype=np.int64) for p in servers}
+    reads = []
     for i, s in enumerate(seeds):
         read = sampler.sample(np.array([s]), rng_seed=i).input_nodes
+        reads.append(read)
         total[read] += 1
         for p, counts in per.items():
             counts[int(s) % p, read] += 1
-    return Accesses(total, per, int(total.sum()))
+    sequence = np.concatenate(reads) if reads else np.zeros(0, np.int64)
+    return Accesses(total, per, int(total.sum()), sequence.astype(np.int64))
 
 
 def hit_rate(accesses: np.ndarray, held: np.ndarray) -> float:
     """Share of reads (``accesses`` per node) that find their row in ``held`` (bool [N])."""
     return float(accesses[held].sum() / max(accesses.sum(), 1))
+
+
+@numba.njit(cache=True)
+def _lru_hits(warm: np.ndarray, reads: np.ndarray, capacity: int, n: int) -> int:
+    """Hits of an LRU cache of ``capacity`` rows replaying ``reads`` after ``warm``: a doubly
+    linked list over node ids (head = most recent), O(1) per read."""
+    prev = np.full(n + 1, -1, np.int64)  # index n is the list's sentinel
+    nxt = np.full(n + 1, -1, np.int64)
+    held = np.zeros(n, np.bool_)
+    prev[n] = nxt[n] = n
+    size, hits = 0, 0
+    for phase in range(2):
+        seq = warm if phase == 0 else reads
+        for i in range(seq.shape[0]):
+            v = seq[i]
+            if held[v]:
+                hits += phase
+                nxt[prev[v]], prev[nxt[v]] = nxt[v], prev[v]  # unlink
+            elif size == capacity:  # evict the least recent (the sentinel's prev)
+                old = prev[n]
+                nxt[prev[old]], prev[n] = n, prev[old]
+                held[old] = False
+            else:
+                size += 1
+            held[v] = True
+            prev[v], nxt[v] = n, nxt[n]  # link at the head
+            prev[nxt[n]] = v
+            nxt[n] = v
+    return hits
+
+
+def lru_hit_rate(warm: Accesses, scored: Accesses, capacity: int, n: int) -> float:
+    """Share of ``scored``'s reads an LRU cache of ``capacity`` rows (warmed on ``warm``'s
+    reads) serves: the dynamic cache a placement must beat at equal memory."""
+    if capacity <= 0:
+        return 0.0
+    hits = _lru_hits(warm.sequence, scored.sequence, capacity, n)
+    return float(hits / max(scored.sequence.size, 1))

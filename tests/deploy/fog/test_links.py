@@ -25,6 +25,7 @@ from gnnserve.deploy.fog.links import (
     measure_rate,
 )
 from gnnserve.deploy.fog.planner import metis_parts
+from gnnserve.deploy.fog.slots import claim_slot
 from gnnserve.deploy.fog.testbed import probe
 from gnnserve.deploy.fog.upload import Receiver
 from gnnserve.graph import open_graph_store
@@ -51,7 +52,10 @@ def test_uploads_over_a_link_take_its_rate() -> None:
         received[start : start + values.shape[0]] = values
 
     values = np.random.default_rng(0).standard_normal(received.shape).astype(np.float32)
-    with Link(201, LinkPreset("test", 20.0, 30.0), SUPPORT.netem) as link:
+    with (
+        claim_slot() as slot,
+        Link(slot.index, 0, LinkPreset("t", 20.0, 30.0), SUPPORT.netem) as link,
+    ):
         receiver = Receiver(link.host_ip, apply)
         group = DeviceGroup(link.host_ip, receiver.port, None, link, chunks=4)
         try:
@@ -64,7 +68,7 @@ def test_uploads_over_a_link_take_its_rate() -> None:
             took = time.perf_counter() - start
             report = group.finish_round()
             shown = subprocess.run(
-                link.argv("tc", "-s", "qdisc", "show", "dev", f"gnfd{link.index}"),
+                link.argv("tc", "-s", "qdisc", "show", "dev", link.dev),
                 capture_output=True, text=True, check=True,
             ).stdout  # fmt: skip
         finally:
@@ -98,7 +102,7 @@ def test_the_fabric_carries_the_boundary_exchange_at_its_rate(
     membership = metis_parts(indptr, indices, 2)
     rate, delay = 2.0, 150.0  # Mbit/s, ms (the delay outweighs the rate's 10% allowance)
     slow = LinkPreset("slow", rate, delay)
-    with FogFabric(201, [slow, slow], SUPPORT.netem) as fabric:
+    with claim_slot() as slot, FogFabric(slot.index, [slow, slow], SUPPORT.netem) as fabric:
         before = [fabric.sent_bytes(j) for j in range(2)]
         with FogCluster(model, graph, x, membership, 2, fabric=fabric) as cluster:
             result = cluster.run()
@@ -117,7 +121,10 @@ def test_the_fabric_carries_the_boundary_exchange_at_its_rate(
 
 @NO_NETNS
 def test_a_measured_rate_is_the_shaped_rate() -> None:
-    with Link(202, LinkPreset("test", 20.0, 5.0), SUPPORT.netem) as link:
+    with (
+        claim_slot() as slot,
+        Link(slot.index, 0, LinkPreset("t", 20.0, 5.0), SUPPORT.netem) as link,
+    ):
         fast = measure_rate(link)
         link.set_rate(5.0)
         slow = measure_rate(link)

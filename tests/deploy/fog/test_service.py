@@ -12,6 +12,7 @@ import torch
 from gnnserve.data.generators import sbm
 from gnnserve.data.writer import write_store
 from gnnserve.deploy.fog.service import FogService, NodeSpec
+from gnnserve.deploy.fog.testbed import _run
 from gnnserve.deploy.fog.upload import HEADER, encode_chunk
 from gnnserve.features.codecs import unpack
 from gnnserve.graph import open_graph_store
@@ -68,15 +69,26 @@ def _received(svc: FogService, x: np.ndarray, membership: np.ndarray) -> np.ndar
 
 @pytest.mark.distributed
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["cloud", "strawman"])
-def test_raw_modes_answer_full_precision_inference(graph, ray_instance, mode) -> None:  # type: ignore[no-untyped-def]
+def test_raw_modes_answer_full_precision_inference_side_by_side(graph, ray_instance) -> None:  # type: ignore[no-untyped-def]
+    """Two deployments live at once (cloud and strawman) on one host: each in its own testbed
+    slot, both rounds exact."""
     model, x = _model(), _readings(1)
-    with FogService(model, graph, x, NODES, mode) as svc:
-        report = svc.round(_readings(2))
-        assert report.raw_bytes == N * F * 4
-        assert report.bytes_uploaded == report.raw_bytes + HEADER.size * svc.chunks * len(NODES)
-        np.testing.assert_allclose(report.logits, _reference(model, graph, _readings(2)), atol=1e-5)
-        assert report.decision is None and len(report.node_ms) == (1 if mode == "cloud" else 3)
+    with (
+        FogService(model, graph, x, NODES, "cloud") as cloud,
+        FogService(model, graph, x, NODES, "strawman") as strawman,
+    ):
+        if cloud.slot is not None and strawman.slot is not None:
+            assert cloud.slot.index != strawman.slot.index
+            live = _run("ip", "netns", "list").stdout
+            for svc in (cloud, strawman):
+                assert all(link is None or link.ns in live for link in svc.links)
+        for mode, svc in (("cloud", cloud), ("strawman", strawman)):
+            report = svc.round(_readings(2))
+            assert report.raw_bytes == N * F * 4
+            assert report.bytes_uploaded == report.raw_bytes + HEADER.size * svc.chunks * len(NODES)
+            want = _reference(model, graph, _readings(2))
+            np.testing.assert_allclose(report.logits, want, atol=1e-5)
+            assert report.decision is None and len(report.node_ms) == (1 if mode == "cloud" else 3)
 
 
 @pytest.mark.distributed

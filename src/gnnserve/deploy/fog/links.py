@@ -64,8 +64,9 @@ WAN_DELAY_MS = 20.0  # extra one-way delay to a cloud region ~200 km away
 # 64% (4G), 67% (5G) and 61% (WiFi); the cloud path is that many times slower than one access
 # point's rate
 CLOUD_SLOWDOWN = {"4g": 1 / (1 - 0.64), "5g": 1 / (1 - 0.67), "wifi": 1 / (1 - 0.61)}
-SUBNET = "10.213"  # device links: 10.213.<link>.1 host side, .2 namespace side
-FABRIC_SUBNET = "10.214"  # fog fabrics: 10.214.<tag>.<fog + 1>
+SUBNET = "10.213"  # device link i of slot k: 10.213.<k>.<4i + 1> host side, <4i + 2> its namespace
+FABRIC_SUBNET = "10.214"  # the fog fabric of slot k: 10.214.<k>.<fog + 1>
+MAX_LINKS = 62  # device links per slot: 4 x 61 + 2 stays below 255
 FABRIC_IFNAME = "gnffog"  # the fog's interface inside its namespace (gloo binds to it)
 _CLONE_NEWNET = 0x40000000
 
@@ -76,6 +77,11 @@ def cloud_path(access: str) -> LinkPreset:
     base = PRESETS[access]
     rate = base.rate_mbit / CLOUD_SLOWDOWN[access]
     return LinkPreset(f"cloud-{access}", rate, base.delay_ms + WAN_DELAY_MS)
+
+
+def _check_slot(slot: int) -> None:
+    if not 0 <= slot < 250:
+        raise InvalidInputError(f"testbed slot must lie in [0, 250), got {slot}", "slot")
 
 
 def _check_rate(rate_mbit: float) -> None:
@@ -127,31 +133,36 @@ def entered(ns: str) -> Iterator[None]:
 
 
 class Link:
-    """Namespace ``gnf<index>`` joined to the host by veth ``gnfh<index>`` / ``gnfd<index>``,
-    uplink shaped to ``preset``. Processes started with :meth:`argv` send from the namespace to
-    :attr:`host_ip`, an address of the host namespace where the fog node listens."""
+    """Device link ``index`` of testbed slot ``slot`` (:mod:`.slots`, which removed any
+    leftovers of the slot's dead owner): namespace ``gnf<slot>d<index>`` joined to the host by
+    veth ``gnh<slot>d<index>`` / ``gnd<slot>d<index>``, uplink shaped to ``preset``. Processes
+    started with :meth:`argv` send from the namespace to :attr:`host_ip`, an address of the host
+    namespace where the fog node listens."""
 
-    def __init__(self, index: int, preset: LinkPreset, netem: bool) -> None:
-        if not 0 <= index < 250:
-            raise InvalidInputError(f"link index must lie in [0, 250), got {index}", "index")
-        self.index, self.preset, self.netem = index, preset, netem
-        self.ns, host, dev = f"gnf{index}", f"gnfh{index}", f"gnfd{index}"
-        self.host_ip, self.device_ip = f"{SUBNET}.{index}.1", f"{SUBNET}.{index}.2"
-        _run("ip", "netns", "del", self.ns)  # leftovers of a killed run
-        _run("ip", "link", "del", host)
+    def __init__(self, slot: int, index: int, preset: LinkPreset, netem: bool) -> None:
+        _check_slot(slot)
+        if not 0 <= index < MAX_LINKS:
+            raise InvalidInputError(
+                f"link index must lie in [0, {MAX_LINKS}), got {index}", "index"
+            )
+        self.slot, self.index, self.preset, self.netem = slot, index, preset, netem
+        name = f"{slot}d{index}"
+        self.ns, self._host, self.dev = f"gnf{name}", f"gnh{name}", f"gnd{name}"
+        dev = self.dev  # the namespace side of the veth pair
+        self.host_ip = f"{SUBNET}.{slot}.{4 * index + 1}"
+        self.device_ip = f"{SUBNET}.{slot}.{4 * index + 2}"
         _must("ip", "netns", "add", self.ns)
         try:
-            _must("ip", "link", "add", host, "type", "veth", "peer", "name", dev)
+            _must("ip", "link", "add", self._host, "type", "veth", "peer", "name", dev)
             _must("ip", "link", "set", dev, "netns", self.ns)
-            _must("ip", "addr", "add", f"{self.host_ip}/30", "dev", host)
-            _must("ip", "link", "set", host, "up")
+            _must("ip", "addr", "add", f"{self.host_ip}/30", "dev", self._host)
+            _must("ip", "link", "set", self._host, "up")
             for cmd in (
                 ("ip", "addr", "add", f"{self.device_ip}/30", "dev", dev),
                 ("ip", "link", "set", dev, "up"),
                 ("ip", "link", "set", "lo", "up"),
             ):
                 _must("ip", "netns", "exec", self.ns, *cmd)
-            self._dev = dev
             self.set_rate(preset.rate_mbit, add=True)
         except BaseException:
             self.close()
@@ -164,7 +175,7 @@ class Link:
 
     def set_rate(self, rate_mbit: float, add: bool = False) -> None:
         """Shape the uplink to ``rate_mbit`` Mbit/s (tbf; below it netem's delay, if any)."""
-        _shape(self.ns, self._dev, self.preset, self.netem, rate_mbit, add)
+        _shape(self.ns, self.dev, self.preset, self.netem, rate_mbit, add)
 
     def argv(self, *command: str) -> list[str]:
         """``command`` run inside this link's namespace."""
@@ -173,7 +184,7 @@ class Link:
     def close(self) -> None:
         """Delete the namespace (and with it the veth pair)."""
         _run("ip", "netns", "del", self.ns)
-        _run("ip", "link", "del", f"gnfh{self.index}")
+        _run("ip", "link", "del", self._host)
 
     def __enter__(self) -> Link:
         return self
@@ -218,19 +229,19 @@ def measure_rate(link: Link, seconds: float = 0.3, timeout_s: float = 30.0) -> f
 
 
 class FogFabric:
-    """The fog <-> fog network of service ``tag``: namespace ``gnff<tag>_<j>`` per fog j, with
-    interface :data:`FABRIC_IFNAME` at ``10.214.<tag>.<j + 1>/24``, all on bridge
-    ``gnfbr<tag>``; fog j's sending side shaped to ``presets[j]`` (rate; delay by netem or by
-    the sender, :meth:`sender_delay_ms`)."""
+    """The fog <-> fog network of testbed slot ``slot``: namespace ``gnf<slot>f<j>`` per fog j,
+    with interface :data:`FABRIC_IFNAME` at ``10.214.<slot>.<j + 1>/24``, all on bridge
+    ``gnb<slot>``; fog j's sending side shaped to ``presets[j]`` (rate; delay by netem or by the
+    sender, :meth:`sender_delay_ms`)."""
 
-    def __init__(self, tag: int, presets: list[LinkPreset], netem: bool) -> None:
-        if not 0 <= tag < 250 or not 1 <= len(presets) < 250:
-            raise InvalidInputError("fabric tag and fog count must lie in [0, 250)", "tag")
-        self.tag, self.presets, self.netem = tag, list(presets), netem
-        self.bridge = f"gnfbr{tag}"
-        self.namespaces = [f"gnff{tag}_{j}" for j in range(len(presets))]
-        self.addresses = [f"{FABRIC_SUBNET}.{tag}.{j + 1}" for j in range(len(presets))]
-        self.close()  # leftovers of a killed run
+    def __init__(self, slot: int, presets: list[LinkPreset], netem: bool) -> None:
+        _check_slot(slot)
+        if not 1 <= len(presets) < 250:
+            raise InvalidInputError("a fabric joins between 1 and 249 fogs", "nodes")
+        self.slot, self.presets, self.netem = slot, list(presets), netem
+        self.bridge = f"gnb{slot}"
+        self.namespaces: list[str] = []  # those created so far (close() removes them)
+        self.addresses = [f"{FABRIC_SUBNET}.{slot}.{j + 1}" for j in range(len(presets))]
         try:
             _must("ip", "link", "add", self.bridge, "type", "bridge")
             _must("ip", "link", "set", self.bridge, "up")
@@ -241,8 +252,9 @@ class FogFabric:
             raise
 
     def _add_fog(self, j: int, preset: LinkPreset) -> None:
-        ns, host = self.namespaces[j], f"gnffh{self.tag}_{j}"
+        ns, host = f"gnf{self.slot}f{j}", f"gnh{self.slot}f{j}"
         _must("ip", "netns", "add", ns)
+        self.namespaces.append(ns)
         _must("ip", "link", "add", host, "type", "veth", "peer", "name", FABRIC_IFNAME, "netns", ns)
         _must("ip", "link", "set", host, "master", self.bridge, "up")
         for cmd in (

@@ -17,7 +17,7 @@ from gnnserve.deploy.fog.links import FOG_LINKS, PRESETS
 from gnnserve.deploy.fog.service import NodeSpec
 from gnnserve.errors import InvalidInputError
 
-MAX_NODES = 24  # link namespaces per service: 10 x tag + index stays below 250
+MAX_NODES = 24  # fog nodes per deployment (each has a device link in its testbed slot)
 
 
 class _Node(BaseModel):

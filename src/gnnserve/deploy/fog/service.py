@@ -39,6 +39,7 @@ from gnnserve.deploy.fog.links import (
 from gnnserve.deploy.fog.partition import build_fog_partitions, symmetric_adjacency
 from gnnserve.deploy.fog.placement import FogPlacement
 from gnnserve.deploy.fog.scheduler import Decision, schedule
+from gnnserve.deploy.fog.slots import Slot, claim_slot
 from gnnserve.deploy.fog.testbed import CpuQuota, probe
 from gnnserve.errors import InvalidInputError
 from gnnserve.features.quantize import DaqConfig, bits_per_vertex
@@ -99,7 +100,6 @@ class FogService:
         seed: int = 0,
         assign: str | None = None,
         adaptive: bool | None = None,
-        tag: int = 0,
         weighted_parts: bool = True,
         codec: str = "daq",
     ) -> None:
@@ -117,9 +117,6 @@ class FogService:
         # the mapping (iep | greedy | random) and the scheduler default to the mode's
         self.assign = assign or ("iep" if mode == "fograph" else "random")
         self.adaptive = (mode == "fograph") if adaptive is None else adaptive
-        if not 0 <= tag < 25:
-            raise InvalidInputError(f"tag must lie in [0, 25), got {tag}", "tag")
-        self.tag = tag  # keeps the links and cgroups of services side by side apart
         self.indptr, self.indices = graph.csr()
         self.features = np.array(features, np.float32)
         self.world = 1 if mode == "cloud" else len(nodes)
@@ -146,7 +143,10 @@ class FogService:
         self.fleet: DeviceFleet | None = None
         # contiguous blocks until the plan (the profile runs the same subgraphs on every node)
         blocks = np.arange(graph.num_nodes) * self.world // graph.num_nodes
+        self.slot: Slot | None = None  # this deployment's testbed names and subnets
         try:  # close() undoes whatever part of the set-up was done
+            if self.shaped or self.quotas_on:
+                self.slot = claim_slot()
             self._open_links(support.netem)
             self.fabric = self._fabric(support.netem)
             self.cluster = FogCluster(
@@ -173,12 +173,16 @@ class FogService:
             presets = [cloud_path(self.nodes[0].link)]
         self.links: list[Link | None] = []
         for i, preset in enumerate(presets):
-            self.links.append(Link(10 * self.tag + i, preset, netem) if self.shaped else None)
+            self.links.append(Link(self._slot(), i, preset, netem) if self.shaped else None)
 
     def _fabric(self, netem: bool) -> FogFabric | None:
         if not self.shaped or self.world == 1:
             return None
-        return FogFabric(self.tag, [FOG_LINKS[n.fog_link] for n in self.nodes], netem)
+        return FogFabric(self._slot(), [FOG_LINKS[n.fog_link] for n in self.nodes], netem)
+
+    def _slot(self) -> int:
+        assert self.slot is not None  # claimed whenever the testbed is on
+        return self.slot.index
 
     def _quotas(self) -> list[CpuQuota | None]:
         if not self.quotas_on:
@@ -188,7 +192,8 @@ class FogService:
             if node.cores is None:
                 quotas.append(None)
                 continue
-            quota = CpuQuota(f"fog{self.tag}_{node.name}", node.cores)
+            assert self.slot is not None
+            quota = CpuQuota(node.name, node.cores, group=self.slot.cgroup_parent)
             quota.add(pid)
             quotas.append(quota)
         return quotas
@@ -345,6 +350,9 @@ class FogService:
         fabric: FogFabric | None = getattr(self, "fabric", None)
         if fabric is not None:
             fabric.close()
+        slot: Slot | None = getattr(self, "slot", None)
+        if slot is not None:
+            slot.release()
 
     def __enter__(self) -> FogService:
         return self
