@@ -57,6 +57,10 @@ def test_fit_recovers_each_nodes_model_and_eta_rescales_it() -> None:
     loaded = model.observed(100, 80, 2.0 * float(model.predict(100, 80)))
     assert loaded.eta == pytest.approx(2.0)
     assert float(loaded.predict(300, 10)) == pytest.approx(2.0 * float(model.predict(300, 10)))
+    # eta is measured against the unloaded model, not the already-scaled one: a second round at
+    # 3x the unloaded time gives 3, not 1.5
+    again = loaded.observed(100, 80, 3.0 * float(model.predict(100, 80)))
+    assert again.eta == pytest.approx(3.0)
 
 
 def test_bad_calibration_input_is_refused() -> None:

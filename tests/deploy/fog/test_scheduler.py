@@ -149,3 +149,34 @@ def test_a_surge_is_evened_in_one_undamped_step() -> None:
     np.testing.assert_array_equal(surge.membership, full.membership)
     mild = schedule(adjacency, membership, times, _never, slack=1.1, damping=0.5, surge=3.0)
     assert mild.moved.size < full.moved.size  # below 3 x slack the step stays damped
+
+
+def test_the_papers_boundaries() -> None:
+    """Algorithm 2 at its edges: mu equal to lambda is not overloaded (mu > lambda); exactly
+    theta * n overloaded fogs still diffuse (n+/n <= theta); one more re-plans."""
+    adjacency, membership = _setup()
+    at_slack = np.array([5.0, 4.0, 3.5, 3.5])  # mean 4: mu 1.25, exactly the slack
+    assert schedule(adjacency, membership, at_slack, _never, slack=1.25).mode == "keep"
+    past = schedule(adjacency, membership, at_slack + [1e-9, 0, 0, 0], _never, slack=1.25)
+    assert past.mode == "diffusion"
+    half = np.array([30.0, 30.0, 10.0, 10.0])  # 2 of 4 over: n+/n = 0.5 = theta
+    assert schedule(adjacency, membership, half, _never, skew_threshold=0.5).mode == "diffusion"
+    called: list[np.ndarray] = []
+
+    def replan(times: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        called.append(times)
+        return membership, times
+
+    three = np.array([30.0, 30.0, 30.0, 1.0])  # mean 22.75: three of four past 1.2x
+    assert schedule(adjacency, membership, three, replan, skew_threshold=0.5).mode == "replan"
+    assert len(called) == 1
+
+
+def test_diffusion_pairs_the_slowest_with_the_fastest() -> None:
+    adjacency, membership = _setup()
+    times = np.array([40.0, 10.0, 20.0, 5.0])  # slowest 0, fastest 3
+    decision = schedule(adjacency, membership, times, _never, slack=1.2)
+    assert decision.mode == "diffusion"
+    first = decision.moved[membership[decision.moved] == 0]
+    assert first.size and (decision.membership[first] == 3).all()
+    assert (decision.membership[decision.moved] != 0).all()

@@ -10,7 +10,7 @@ and the cloud's path, from network namespaces, veth pairs and ``tc``.
   the host namespace, so exactly the boundary exchange crosses the shaped links.
 - **No netem**: some kernels (this project's VM: ``Error: Specified qdisc kind is unknown``)
   lack ``sch_netem``. Then ``sender_delay_ms`` is the one-way delay a sender adds once per
-  message (an upload chunk, a layer's exchange), and TCP's reaction to the round trip is not
+  message (a round's upload, a layer's exchange), and TCP's reaction to the round trip is not
   modelled. :func:`~.testbed.probe` says which.
 
 Presets (:data:`PRESETS`: rate and one-way delay) are round figures in the range public
