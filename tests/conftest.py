@@ -19,6 +19,7 @@ if shutil.which("nvidia-smi") is None:
     os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
 
 from gnnserve.data.writer import GraphData, write_store
+from tests.ray_cluster import two_nodes  # noqa: F401 - a fixture of the multi-node tests
 
 DATASETS = Path(__file__).resolve().parents[1].parent / "shared" / "datasets"
 

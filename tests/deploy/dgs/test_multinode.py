@@ -9,19 +9,13 @@ killed mid-stream; its rebuilt copy must equal the reference pre-sampler, as in
 
 from __future__ import annotations
 
-import contextlib
-import os
-import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
-import psutil
 import pytest
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
-RAY = str(Path(sys.executable).with_name("ray"))
 ROOT = Path(__file__).resolve().parents[3]
 
 DRIVER = """
@@ -54,43 +48,6 @@ for seeds in (np.arange(802), np.array([801])):
 svc.shutdown()
 print("DGS-MULTINODE-OK")
 """
-
-
-def _ray(*args: str, env: dict[str, str]) -> None:
-    subprocess.run([RAY, *args], check=True, env=env, capture_output=True, timeout=120)
-
-
-@pytest.fixture
-def two_nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
-    """A head on 127.0.0.1 and a second node on 127.0.0.2 offering resource ``far``; the
-    environment a driver joins it with."""
-    temp = Path(tempfile_dir := f"/tmp/rdgs{os.getpid()}")  # short: Ray's socket paths
-    env = os.environ | {"RAY_AUTH_MODE": "disabled"}  # a throwaway cluster on loopback
-    port = str(20000 + os.getpid() % 20000)
-    common = ["--disable-usage-stats", "--temp-dir", tempfile_dir, "--num-cpus", "2"]
-    try:
-        _ray("start", "--head", "--node-ip-address", "127.0.0.1", "--port", port,
-             "--include-dashboard", "false", *common, env=env)  # fmt: skip
-        _ray("start", "--address", f"127.0.0.1:{port}", "--node-ip-address", "127.0.0.2",
-             "--resources", '{"far": 4}', *common, env=env)  # fmt: skip
-        yield env | {"RAY_ADDRESS": f"127.0.0.1:{port}"}
-    finally:
-        _stop(tempfile_dir)
-        shutil.rmtree(temp, ignore_errors=True)
-
-
-def _stop(temp_dir: str) -> None:
-    """Kill this cluster's processes only (``ray stop`` would stop every Ray on the machine,
-    the test session's own included): those started with its temp dir, and their children."""
-    procs = []
-    for p in psutil.process_iter(["cmdline"]):
-        if any(temp_dir in arg for arg in p.info["cmdline"] or []):
-            procs.append(p)
-            procs.extend(p.children(recursive=True))
-    for p in procs:
-        with contextlib.suppress(psutil.Error):
-            p.kill()
-    psutil.wait_procs(procs, timeout=30)
 
 
 def test_dgs_workers_on_a_second_node_rebuild_and_equal_the_reference(
