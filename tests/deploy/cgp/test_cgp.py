@@ -36,7 +36,6 @@ N, FEAT, HIDDEN, CLASSES = 240, 64, 16, 3
 LOOP_NODE = 5  # gets a stored self loop and is a candidate of every request below
 TOL = 1e-5
 HEADS = 4  # GAT heads of the hidden layers (ModelConfig default; the last layer has 1)
-MODELS = [("gcn", 2), ("sage", 3), ("gat", 3)]
 # (arch, layers, P, one-hot stored features): every model at P = 4 (most boundaries; SAGE on the
 # sparse one-hot features), and P = 2 once; a service costs ~5-18 s to start on 2 cores
 CASES = [("gcn", 2, 4, False), ("sage", 3, 4, True), ("gat", 3, 4, False), ("gcn", 2, 2, False)]
