@@ -5,6 +5,8 @@ moved vertices off a node whose CPU quota was cut."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -24,12 +26,16 @@ N, F = 1500, 16
 NODES = [NodeSpec("weak", 0.3, "wifi"), NodeSpec("mid", 0.6, "wifi"), NodeSpec("strong", 1.0, "5g")]
 
 
-@pytest.fixture(scope="module")
-def graph(tmp_path_factory: pytest.TempPathFactory) -> GraphStore:
+def sbm_graph(out: str | Path) -> GraphStore:
+    """The tests' graph (N nodes, SBM), written to ``out`` and opened."""
     data = sbm(num_nodes=N, num_classes=3, feature_dim=F, avg_degree=10.0, seed=2)
-    out = tmp_path_factory.mktemp("fogsvc") / "store"
     write_store(data, out)
     return open_graph_store(out)
+
+
+@pytest.fixture(scope="module")
+def graph(tmp_path_factory: pytest.TempPathFactory) -> GraphStore:
+    return sbm_graph(tmp_path_factory.mktemp("fogsvc") / "store")
 
 
 def _model(hidden: int = 64) -> GNN:

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import ray
 
-from gnnserve.deploy.cgp.exchange import free_port
+from gnnserve.deploy.fog.hosts import placement_options
 from gnnserve.deploy.fog.links import FABRIC_IFNAME, FogFabric
 from gnnserve.deploy.fog.node import FabricSeat, FogNode, NodeRound
 from gnnserve.deploy.fog.partition import build_fog_partitions, check_membership, local_rows
@@ -68,6 +68,7 @@ class FogCluster:
         timeout_s: float = 120.0,
         actor_options: list[dict[str, Any]] | None = None,
         fabric: FogFabric | None = None,
+        hosts: list[str | None] | None = None,
     ) -> None:
         self.model, self.world = model.eval(), int(world)
         self.indptr, self.indices = graph.csr()
@@ -84,19 +85,20 @@ class FogCluster:
         self._lock = threading.Lock()
         self._owns_ray = start_ray(max(2, self.world))
         parts = self._partitions(self.membership)
-        options = actor_options or [{} for _ in parts]
+        pinned = placement_options(hosts or [None] * self.world)
+        given = actor_options or [{} for _ in parts]
         self._nodes: list[Any] = [
-            _NodeActor.options(**opt).remote(
+            _NodeActor.options(**pin, **opt).remote(
                 p, self.model, self.features[p.owned], threads_per_node
             )
-            for p, opt in zip(parts, options, strict=True)
+            for p, pin, opt in zip(parts, pinned, given, strict=True)
         ]
         try:
-            port = free_port()
+            address, port = ray.get(self._nodes[0].rendezvous.remote())
             seats = [_seat(fabric, j) for j in range(self.world)]
             ray.get(
                 [
-                    n.connect.remote(port, timeout_s, s)
+                    n.connect.remote(address, port, timeout_s, s)
                     for n, s in zip(self._nodes, seats, strict=True)
                 ]
             )
@@ -108,6 +110,10 @@ class FogCluster:
         return build_fog_partitions(
             self.indptr, self.indices, membership, self.world, self.gcn_degree
         )
+
+    def addresses(self) -> list[str]:
+        """The address of the machine each fog runs on (its Ray node's)."""
+        return ray.get([n.address.remote() for n in self._nodes])
 
     def listen(self, hosts: list[str], groups: int = 1) -> list[int]:
         """Every fog receives uploads on its address ``hosts[j]`` (``groups`` device groups

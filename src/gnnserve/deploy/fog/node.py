@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from gnnserve.deploy.cgp.exchange import Exchange
+from gnnserve.deploy.fog.hosts import free_port_on, interface_of, node_address
 from gnnserve.deploy.fog.links import entered
 from gnnserve.deploy.fog.partition import FogPartition
 from gnnserve.deploy.fog.upload import Receiver
@@ -107,19 +108,34 @@ class FogNode:
         """This node's process id (for its CPU quota)."""
         return os.getpid()
 
-    def connect(self, port: int, timeout_s: float = 60.0, fabric: FabricSeat | None = None) -> int:
-        """Join the gloo group rendezvousing at 127.0.0.1:``port``; returns the rank. With a
-        ``fabric`` seat, the group's sockets are opened in the seat's namespace (so the boundary
-        exchange crosses its shaped link) and each exchange first waits the seat's delay."""
+    def rendezvous(self) -> tuple[str, int]:
+        """(this node's routable address, a port free there): where rank 0 hosts the group's
+        rendezvous store."""
+        address = node_address()
+        return address, free_port_on(address)
+
+    def address(self) -> str:
+        """The address of the machine (Ray node) this fog runs on."""
+        return node_address()
+
+    def connect(
+        self, address: str, port: int, timeout_s: float = 60.0, fabric: FabricSeat | None = None
+    ) -> int:
+        """Join the gloo group rendezvousing at ``address:port`` (rank 0's node); returns the
+        rank. Without a ``fabric`` seat gloo uses the interface of this node's address; with
+        one, the group's sockets are opened in the seat's namespace (so the boundary exchange
+        crosses its shaped link) and each exchange first waits the seat's delay."""
         rank, world = self.part.rank, self.part.world
         timeout = timedelta(seconds=timeout_s)
-        store = dist.TCPStore("127.0.0.1", port, world, rank == 0, timeout=timeout)
+        store = dist.TCPStore(address, port, world, rank == 0, timeout=timeout)
         self.exchange_delay_s = 0.0
         with contextlib.ExitStack() as stack:
             if fabric is not None:
                 stack.enter_context(entered(fabric.namespace))
                 stack.enter_context(_env("GLOO_SOCKET_IFNAME", fabric.ifname))
                 self.exchange_delay_s = fabric.delay_ms / 1e3
+            elif (ifname := interface_of(node_address())) is not None:
+                stack.enter_context(_env("GLOO_SOCKET_IFNAME", ifname))
             dist.init_process_group(
                 "gloo", store=store, rank=rank, world_size=world, timeout=timeout
             )

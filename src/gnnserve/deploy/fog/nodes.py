@@ -4,6 +4,14 @@ nodes:
   - {name: weak, cores: 0.15, link: 4g}     # cores: CPU quota (omit: unthrottled)
   - {name: strong, cores: 0.6, link: 5g}    # link: 4g | 5g | wifi (the devices' uplink)
   - {name: edge, link: wifi, fog_link: wifi} # fog_link: lan (default) | wifi | 5g | 4g
+
+On real machines every node names its ``host`` instead (a Ray node's address in the cluster of
+``RAY_ADDRESS``) and no ``cores``: its actor runs there, at that machine's speed, over the real
+network (no emulated links)::
+
+nodes:
+  - {name: gate1, host: 10.0.0.11}
+  - {name: gate2, host: 10.0.0.12}
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ class _Node(BaseModel):
     cores: float | None = Field(None, ge=0.01, le=1024)
     link: str = "wifi"
     fog_link: str = "lan"
+    host: str | None = Field(None, pattern=r"^[0-9A-Za-z.:-]{1,255}$")  # a Ray node's address
 
 
 class _File(BaseModel):
@@ -62,4 +71,4 @@ def load_nodes(path: str | Path) -> list[NodeSpec]:
                     f"{sorted(known)}, got {value!r}",
                     "deploy.nodes",
                 )
-    return [NodeSpec(n.name, n.cores, n.link, n.fog_link) for n in parsed.nodes]
+    return [NodeSpec(n.name, n.cores, n.link, n.fog_link, n.host) for n in parsed.nodes]

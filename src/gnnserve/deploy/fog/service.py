@@ -61,6 +61,7 @@ class NodeSpec:
     cores: float | None  # CPU quota in cores (None: unthrottled)
     link: str  # preset of its devices' uplink: 4g | 5g | wifi
     fog_link: str = "lan"  # preset of its side of the fog <-> fog network (FOG_LINKS)
+    host: str | None = None  # a Ray node's address: the machine it runs on (None: emulated)
 
 
 @dataclass
@@ -120,7 +121,9 @@ class FogService:
         self.indptr, self.indices = graph.csr()
         self.features = np.array(features, np.float32)
         self.world = 1 if mode == "cloud" else len(nodes)
+        self.hosts = _real_hosts(nodes) if mode != "cloud" else None
         support = probe()
+        testbed = testbed and self.hosts is None  # real machines have real links and speeds
         self.shaped = testbed and support.netns is None
         self.quotas_on = testbed and support.cpu_quota is None and mode != "cloud"
         if testbed and not (self.shaped and (self.quotas_on or mode == "cloud")):
@@ -150,8 +153,10 @@ class FogService:
             self._open_links(support.netem)
             self.fabric = self._fabric(support.netem)
             self.cluster = FogCluster(
-                model, graph, self.features, blocks, self.world, fabric=self.fabric
-            )
+                model, graph, self.features, blocks, self.world, fabric=self.fabric,
+                hosts=self.hosts,
+            )  # fmt: skip
+            self.addresses = self.cluster.addresses()
             self.quotas = self._quotas()
             self.membership = self._initial_plan(blocks)
             hosts = [self._host(j) for j in range(self.world)]
@@ -227,6 +232,10 @@ class FogService:
         return membership
 
     def _host(self, fog: int) -> str:
+        """Where fog ``fog`` receives uploads: its machine's address on real hosts, its link's
+        host side on the testbed, else loopback."""
+        if self.hosts is not None:
+            return self.addresses[fog]
         link = self.links[fog]  # the cloud (one fog) has one link, shared by every group
         return link.host_ip if link is not None else "127.0.0.1"
 
@@ -359,6 +368,30 @@ class FogService:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _real_hosts(nodes: list[NodeSpec]) -> list[str | None] | None:
+    """Each node's host when the deployment runs on real machines (None: emulated on this
+    one); InvalidInputError when only some nodes name a host or a hosted node sets cores."""
+    hosted = [n.host is not None for n in nodes]
+    if not any(hosted):
+        return None
+    if not all(hosted):
+        missing = [n.name for n in nodes if n.host is None]
+        raise InvalidInputError(
+            f"fog nodes {missing} have no host while others do: give every node a host "
+            "(real machines) or none (emulated on this one)",
+            "deploy.nodes",
+        )
+    throttled = [n.name for n in nodes if n.cores is not None]
+    if throttled:
+        raise InvalidInputError(
+            f"fog nodes {throttled} set cores and a host: cores emulates a node's speed on one "
+            "machine; a node on its own host runs at that machine's speed (the profiler "
+            "measures it)",
+            "deploy.nodes",
+        )
+    return [n.host for n in nodes]
 
 
 def _upload_bits(

@@ -1,0 +1,75 @@
+"""Fog nodes on real machines: each node named by ``host`` in nodes.yaml is a Ray node of the
+cluster (``RAY_ADDRESS``), its actor pinned there with Ray's node affinity; the gloo rendezvous
+and the upload receivers use that node's own routable address.
+
+A host is the address Ray knows the node by (``ray start --node-ip-address``). Nodes without a
+host run wherever Ray places them (one machine: the emulated testbed of ``testbed`` and
+``links``).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+import subprocess
+from typing import Any
+
+import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from gnnserve.errors import InvalidInputError
+
+
+def ray_nodes_by_address() -> dict[str, str]:
+    """Alive Ray nodes of the connected cluster: address -> node id."""
+    return {n["NodeManagerAddress"]: n["NodeID"] for n in ray.nodes() if n.get("Alive")}
+
+
+def placement_options(hosts: list[str | None]) -> list[dict[str, Any]]:
+    """Per fog node, the Ray actor options that pin it to its host's node ({} for no host);
+    InvalidInputError naming a host no alive Ray node has, and the addresses that exist."""
+    if not any(hosts):
+        return [{} for _ in hosts]
+    known = ray_nodes_by_address()
+    options: list[dict[str, Any]] = []
+    for host in hosts:
+        if host is None:
+            options.append({})
+            continue
+        if host not in known:
+            raise InvalidInputError(
+                f"fog node host {host} is not an alive Ray node of this cluster (its nodes: "
+                f"{', '.join(sorted(known))}); start it with `ray start --address ... "
+                f"--node-ip-address {host}`",
+                "deploy.nodes",
+            )
+        options.append(
+            {"scheduling_strategy": NodeAffinitySchedulingStrategy(known[host], soft=False)}
+        )
+    return options
+
+
+def node_address() -> str:
+    """The address of the Ray node this process runs on."""
+    return str(ray.util.get_node_ip_address())
+
+
+def free_port_on(address: str) -> int:
+    """A TCP port free on ``address`` right now (for a rendezvous opened there next)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((address, 0))
+        return int(s.getsockname()[1])
+
+
+def interface_of(address: str) -> str | None:
+    """The network interface whose IPv4 network holds ``address`` here (None: not found), for
+    gloo's ``GLOO_SOCKET_IFNAME`` (127.0.0.2 is on ``lo``, whose network is 127.0.0.0/8)."""
+    out = subprocess.run(
+        ["ip", "-o", "-4", "addr", "show"], capture_output=True, text=True, timeout=10
+    ).stdout
+    wanted = ipaddress.ip_address(address)
+    for line in out.splitlines():
+        fields = line.split()
+        if len(fields) >= 4 and wanted in ipaddress.ip_interface(fields[3]).network:
+            return fields[1]
+    return None
