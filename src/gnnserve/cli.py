@@ -1,5 +1,5 @@
 """The ``gnnserve`` command: prepare | train | precompute | calibrate | serve | bench | demo |
-log | objstore | publish | faas."""
+log | objstore | publish | faas | fog."""
 
 from __future__ import annotations
 
@@ -440,6 +440,12 @@ def _faas_arguments(p: argparse.ArgumentParser) -> None:
     q.set_defaults(func=_lazy("gnnserve.deploy.faas.profile", "run"))
 
 
+def _fog_arguments(p: argparse.ArgumentParser) -> None:
+    fog = p.add_subparsers(dest="fog_command", required=True)
+    q = fog.add_parser("upload", help="a sensor gateway: send one round of readings to a fog")
+    _module_arguments("gnnserve.deploy.fog.gateway")(q)
+
+
 # name -> (help, configurer). A configurer runs only for the command being parsed, so heavy
 # modules (torch, the engine) load only for the commands that use them: `gnnserve --help`,
 # `log verify`, `objstore` and `publish` start without torch.
@@ -486,6 +492,7 @@ COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
         _with(_publish_arguments, run_publish),
     ),
     "faas": ("serverless deployment (serve --deploy faas) tools", _faas_arguments),
+    "fog": ("fog deployment (serve --deploy fog) tools", _fog_arguments),
 }
 
 

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from gnnserve.deploy.fog.hosts import real_hosts
 from gnnserve.deploy.fog.nodes import load_nodes
-from gnnserve.deploy.fog.service import NodeSpec, _real_hosts
+from gnnserve.deploy.fog.service import NodeSpec
 from gnnserve.errors import InvalidInputError
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -59,13 +60,13 @@ def test_fogs_on_two_ray_nodes_answer_exactly(two_nodes: dict[str, str], tmp_pat
 
 
 def test_hosts_are_all_or_none_and_never_with_cores(tmp_path: Path) -> None:
-    assert _real_hosts([NodeSpec("a", 0.5, "wifi"), NodeSpec("b", None, "4g")]) is None
+    assert real_hosts([NodeSpec("a", 0.5, "wifi"), NodeSpec("b", None, "4g")]) is None
     hosted = [NodeSpec("a", None, "wifi", host="10.0.0.1"), NodeSpec("b", None, "4g", "lan", "h")]
-    assert _real_hosts(hosted) == ["10.0.0.1", "h"]
+    assert real_hosts(hosted) == ["10.0.0.1", "h"]
     with pytest.raises(InvalidInputError, match=r"\['b'\] have no host"):
-        _real_hosts([hosted[0], NodeSpec("b", None, "4g")])
+        real_hosts([hosted[0], NodeSpec("b", None, "4g")])
     with pytest.raises(InvalidInputError, match=r"\['a'\] set cores and a host"):
-        _real_hosts([NodeSpec("a", 0.5, "wifi", host="10.0.0.1"), hosted[1]])
+        real_hosts([NodeSpec("a", 0.5, "wifi", host="10.0.0.1"), hosted[1]])
     path = tmp_path / "nodes.yaml"
     path.write_text("nodes:\n  - {name: g1, host: 10.0.0.11}\n  - {name: g2, host: 10.0.0.12}\n")
     assert [n.host for n in load_nodes(path)] == ["10.0.0.11", "10.0.0.12"]

@@ -12,12 +12,15 @@ from __future__ import annotations
 import ipaddress
 import socket
 import subprocess
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from gnnserve.errors import InvalidInputError
+
+if TYPE_CHECKING:
+    from gnnserve.deploy.fog.service import NodeSpec
 
 
 def ray_nodes_by_address() -> dict[str, str]:
@@ -73,3 +76,27 @@ def interface_of(address: str) -> str | None:
         if len(fields) >= 4 and wanted in ipaddress.ip_interface(fields[3]).network:
             return fields[1]
     return None
+
+
+def real_hosts(nodes: list[NodeSpec]) -> list[str | None] | None:
+    """Each node's host when the deployment runs on real machines (None: emulated on this
+    one); InvalidInputError when only some nodes name a host or a hosted node sets cores."""
+    hosted = [n.host is not None for n in nodes]
+    if not any(hosted):
+        return None
+    if not all(hosted):
+        missing = [n.name for n in nodes if n.host is None]
+        raise InvalidInputError(
+            f"fog nodes {missing} have no host while others do: give every node a host "
+            "(real machines) or none (emulated on this one)",
+            "deploy.nodes",
+        )
+    throttled = [n.name for n in nodes if n.cores is not None]
+    if throttled:
+        raise InvalidInputError(
+            f"fog nodes {throttled} set cores and a host: cores emulates a node's speed on one "
+            "machine; a node on its own host runs at that machine's speed (the profiler "
+            "measures it)",
+            "deploy.nodes",
+        )
+    return [n.host for n in nodes]

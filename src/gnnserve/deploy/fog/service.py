@@ -23,11 +23,13 @@ import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from gnnserve.deploy.fog.cluster import ClusterRound, FogCluster
 from gnnserve.deploy.fog.devices import DeviceFleet, regions
+from gnnserve.deploy.fog.hosts import real_hosts
 from gnnserve.deploy.fog.links import (
     FOG_LINKS,
     PRESETS,
@@ -103,6 +105,7 @@ class FogService:
         adaptive: bool | None = None,
         weighted_parts: bool = True,
         codec: str = "daq",
+        gateways: bool = False,
     ) -> None:
         if mode not in MODES:
             raise InvalidInputError(f"mode must be one of {MODES}, got {mode!r}", "mode")
@@ -117,11 +120,18 @@ class FogService:
         self.chunks, self.seed = chunks, seed
         # the mapping (iep | greedy | random) and the scheduler default to the mode's
         self.assign = assign or ("iep" if mode == "fograph" else "random")
-        self.adaptive = (mode == "fograph") if adaptive is None else adaptive
+        self.adaptive = (mode == "fograph" and not gateways) if adaptive is None else adaptive
+        if gateways and self.adaptive:
+            raise InvalidInputError(
+                "gateways upload to a fixed placement: the adaptive scheduler would move "
+                "vertices under them (adaptive=False)",
+                "adaptive",
+            )
+        self.gateways = gateways  # readings come from `gnnserve fog upload`, not device groups
         self.indptr, self.indices = graph.csr()
         self.features = np.array(features, np.float32)
         self.world = 1 if mode == "cloud" else len(nodes)
-        self.hosts = _real_hosts(nodes) if mode != "cloud" else None
+        self.hosts = real_hosts(nodes) if mode != "cloud" else None
         support = probe()
         testbed = testbed and self.hosts is None  # real machines have real links and speeds
         self.shaped = testbed and support.netns is None
@@ -164,7 +174,8 @@ class FogService:
             self._start_groups()
             self.adjacency = symmetric_adjacency(self.indptr, self.indices)
             self.work = np.diff(self.indptr).astype(float) + 1.0  # aggregation: an edge each
-            self.warm_up_ms = self._collect_and_run().latency_ms  # processes, connections
+            # a warm-up round starts the processes and connections (gateways: their first)
+            self.warm_up_ms = 0.0 if gateways else self._collect_and_run().latency_ms
         except BaseException:
             self.close()
             raise
@@ -176,9 +187,10 @@ class FogService:
         presets = [PRESETS[n.link] for n in self.nodes]
         if self.mode == "cloud":  # every device group over one path to the cloud
             presets = [cloud_path(self.nodes[0].link)]
+        shaped = self.shaped and not self.gateways  # gateways send over the real network
         self.links: list[Link | None] = []
         for i, preset in enumerate(presets):
-            self.links.append(Link(self._slot(), i, preset, netem) if self.shaped else None)
+            self.links.append(Link(self._slot(), i, preset, netem) if shaped else None)
 
     def _fabric(self, netem: bool) -> FogFabric | None:
         if not self.shaped or self.world == 1:
@@ -234,7 +246,7 @@ class FogService:
     def _host(self, fog: int) -> str:
         """Where fog ``fog`` receives uploads: its machine's address on real hosts, its link's
         host side on the testbed, else loopback."""
-        if self.hosts is not None:
+        if self.hosts is not None or self.gateways:
             return self.addresses[fog]
         link = self.links[fog]  # the cloud (one fog) has one link, shared by every group
         return link.host_ip if link is not None else "127.0.0.1"
@@ -247,6 +259,8 @@ class FogService:
         return regions(self.membership, self.world, groups)
 
     def _start_groups(self) -> None:
+        if self.gateways:
+            return  # the gateways upload (gateway_plan says what, where)
         if self.fleet is not None:  # a re-placement
             self.fleet.replace(self._regions())
             return
@@ -257,9 +271,27 @@ class FogService:
 
     # ------------------------------------------------------------------ serving
 
+    def gateway_plan(self) -> list[dict[str, Any]]:
+        """Per device group, what a gateway uploads: ``fog``, ``to`` (HOST:PORT of its
+        receiver), ``vertices`` (int64, ascending: the rows of its readings), ``offset`` (fog
+        row of the first) and ``bits`` (per-row DAQ widths, or None: raw)."""
+        return [
+            {
+                "fog": fog,
+                "to": f"{self._host(fog)}:{self.ports[fog]}",
+                "vertices": vertices,
+                "offset": offset,
+                "bits": None if self.bits is None else self.bits[vertices],
+            }
+            for fog, vertices, offset in self._regions()
+        ]
+
     def round(self, readings: np.ndarray | None = None) -> RoundReport:
         """One round on ``readings`` (float32 [N, F]; None: the last ones again); in fograph
-        mode the scheduler then decides on this round's times (``report.decision``)."""
+        mode the scheduler then decides on this round's times (``report.decision``). With
+        gateways, readings must be None: the round waits for the next round's uploads."""
+        if readings is not None and self.gateways:
+            raise InvalidInputError("with gateways the readings come from the gateways", "readings")
         if readings is not None:
             self.features[:] = readings
         report = self._collect_and_run()
@@ -271,11 +303,11 @@ class FogService:
     def _collect_and_run(self) -> RoundReport:
         self._round += 1
         start = time.perf_counter()
-        assert self.fleet is not None
-        self.fleet.start_round(self._round, self.features)
+        if self.fleet is not None:
+            self.fleet.start_round(self._round, self.features)
         result: ClusterRound = self.cluster.run(self._round)
         latency = (time.perf_counter() - start) * 1e3
-        sent = self.fleet.finish_round()
+        sent = self.fleet.finish_round() if self.fleet is not None else 0  # gateways: unknown
         return RoundReport(
             result.logits,
             latency,
@@ -368,30 +400,6 @@ class FogService:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _real_hosts(nodes: list[NodeSpec]) -> list[str | None] | None:
-    """Each node's host when the deployment runs on real machines (None: emulated on this
-    one); InvalidInputError when only some nodes name a host or a hosted node sets cores."""
-    hosted = [n.host is not None for n in nodes]
-    if not any(hosted):
-        return None
-    if not all(hosted):
-        missing = [n.name for n in nodes if n.host is None]
-        raise InvalidInputError(
-            f"fog nodes {missing} have no host while others do: give every node a host "
-            "(real machines) or none (emulated on this one)",
-            "deploy.nodes",
-        )
-    throttled = [n.name for n in nodes if n.cores is not None]
-    if throttled:
-        raise InvalidInputError(
-            f"fog nodes {throttled} set cores and a host: cores emulates a node's speed on one "
-            "machine; a node on its own host runs at that machine's speed (the profiler "
-            "measures it)",
-            "deploy.nodes",
-        )
-    return [n.host for n in nodes]
 
 
 def _upload_bits(

@@ -47,6 +47,20 @@ def encode_chunk(
     return HEADER.pack(MAGIC, round_id, index, count, start, n, dim, codec, len(payload)) + payload
 
 
+def encode_round(
+    round_id: int, values: np.ndarray, bits: np.ndarray | None, chunks: int, offset: int = 0
+) -> list[bytes]:
+    """A round's rows (float32 [rows, F], local rows from ``offset``) as ``chunks`` chunks."""
+    bounds = np.linspace(0, values.shape[0], max(1, chunks) + 1).astype(int)
+    return [
+        encode_chunk(
+            round_id, i, len(bounds) - 1, offset + int(lo), values[lo:hi],
+            None if bits is None else bits[lo:hi],
+        )
+        for i, (lo, hi) in enumerate(zip(bounds[:-1], bounds[1:], strict=True))
+    ]  # fmt: skip
+
+
 def _read_exact(conn: socket.socket, size: int) -> bytes | None:
     buf = bytearray()
     while len(buf) < size:
@@ -170,15 +184,8 @@ def device_main(argv: list[str] | None = None) -> int:
             print(json.dumps({"bits": int(bits.size)}), flush=True)
             continue
         values = np.load(path.strip())
-        bounds = np.linspace(0, values.shape[0], max(1, args.chunks) + 1).astype(int)
         t0 = time.perf_counter()
-        chunks = [
-            encode_chunk(
-                int(round_text), i, len(bounds) - 1, args.offset + int(lo), values[lo:hi],
-                None if bits is None else bits[lo:hi],
-            )
-            for i, (lo, hi) in enumerate(zip(bounds[:-1], bounds[1:], strict=True))
-        ]  # fmt: skip
+        chunks = encode_round(int(round_text), values, bits, args.chunks, args.offset)
         t1 = time.perf_counter()
         time.sleep(args.delay_ms / 1e3)
         for chunk in chunks:

@@ -1,0 +1,84 @@
+"""A sensor gateway: ``gnnserve fog upload`` sends one round of readings to a fog's receiver,
+with the framing, DAQ + LZ4 codec and chunking of the server's own device groups (:mod:`.upload`).
+
+A fog server started with ``gateways=True`` (``FogService``) spawns no device groups: each fog
+waits for its round's uploads from gateways, and :meth:`FogService.gateway_plan` says which
+fog takes which vertices (ascending ids: the rows of the readings file), at which address and
+port, with which per-row DAQ widths. A round is complete at a fog when one connection has
+delivered all of that round's chunks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import socket
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from gnnserve.deploy.fog.upload import encode_round
+from gnnserve.errors import InvalidInputError
+
+
+def parse_address(text: str) -> tuple[str, int]:
+    """``HOST:PORT`` (InvalidInputError naming what is wrong)."""
+    host, _, port = text.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise InvalidInputError(f"--to must be HOST:PORT, got {text!r}", "to")
+    return host, int(port)
+
+
+def send_round(
+    address: tuple[str, int],
+    round_id: int,
+    readings: np.ndarray,
+    bits: np.ndarray | None = None,
+    chunks: int = 4,
+    offset: int = 0,
+    timeout_s: float = 60.0,
+) -> int:
+    """Upload ``readings`` (float32 [rows, F]) as round ``round_id`` to the receiver at
+    ``address``; returns the bytes sent."""
+    values = np.ascontiguousarray(readings, np.float32)
+    if values.ndim != 2 or not np.isfinite(values).all():
+        raise InvalidInputError("readings must be a finite float32 [rows, F] array", "readings")
+    if bits is not None and bits.shape != (values.shape[0],):
+        raise InvalidInputError(
+            f"bits must hold one width per row ({values.shape[0]}), got {bits.shape}", "bits"
+        )
+    if round_id < 1 or chunks < 1 or offset < 0:
+        raise InvalidInputError("round and chunks must be >= 1, offset >= 0", "round")
+    payload = encode_round(round_id, values, bits, chunks, offset)
+    with socket.create_connection(address, timeout=timeout_s) as conn:
+        for chunk in payload:
+            conn.sendall(chunk)
+    return sum(len(c) for c in payload)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """``gnnserve fog upload``'s flags."""
+    p.add_argument("--to", required=True, help="HOST:PORT of the fog's receiver (gateway plan)")
+    p.add_argument("--readings", required=True, help=".npy float32 [rows, F], ascending ids")
+    p.add_argument("--round", type=int, required=True, help="round number (1, 2, ...)")
+    p.add_argument("--bits", default=None, help=".npy of per-row DAQ widths (absent: raw)")
+    p.add_argument("--chunks", type=int, default=4, help="chunks per round (default 4)")
+    p.add_argument("--offset", type=int, default=0, help="fog row of the first reading")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Send one round; print the bytes sent. Exit 2 on bad input, 1 when the fog is
+    unreachable."""
+    try:
+        readings = np.load(Path(args.readings))
+        bits = None if args.bits is None else np.load(Path(args.bits)).astype(np.uint8)
+        sent = send_round(
+            parse_address(args.to), args.round, readings, bits, args.chunks, args.offset
+        )
+    except (InvalidInputError, ValueError, OSError) as exc:
+        unreachable = isinstance(exc, OSError) and not isinstance(exc, FileNotFoundError)
+        print(f"gnnserve fog upload: {exc}", file=sys.stderr)
+        return 1 if unreachable else 2
+    print(f"round {args.round}: {sent} bytes to {args.to}")
+    return 0
