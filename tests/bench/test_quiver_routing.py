@@ -93,3 +93,14 @@ def test_open_loop_counts_refusals_as_infinite_and_answers_as_finite() -> None:
     assert refused.any()
     assert np.all(np.isinf(lat[refused]))
     assert np.all(np.isfinite(lat[~refused])) and np.all(lat[~refused] < 50)
+
+
+def test_a_hybrid_equals_a_single_path_when_its_point_sends_every_batch_one_way() -> None:
+    cost = np.array([5.0, 2.0, 9.0, 4.0])
+    same = routing.same_as_single
+    assert same(math.inf, cost, 2) == "inline"
+    assert same(9.0 + 5.0 + 0.5, cost, 2) == "inline"  # above the two costliest together
+    assert same(9.0 + 5.0, cost, 2) is None  # the costliest batch reaches it
+    assert same(2.0, cost, 2) == "parallel"  # the cheapest one-node batch reaches it
+    assert same(0.0, cost, 2) == "parallel"
+    assert same(2.5, cost, 2) is None
