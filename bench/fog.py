@@ -8,8 +8,12 @@ unthrottled node behind the cloud path scaled from Fograph's own measurement. Mo
 at once and interleaved round by round (A B C D, then D C B A):
 
 - ``cloud``: all raw features over the cloud path to one node;
+- ``cloud_codec``: the same with fograph's DAQ + LZ4 uploads (so the collection gain and the
+  placement gain show separately: cloud / cloud_codec is the codec's, cloud_codec / fograph the
+  fogs');
 - ``strawman``: METIS + random mapping, raw uploads, no scheduler;
-- ``greedy``: METIS + greedy mapping (Fig. 8's METIS+Greedy) with DAQ + LZ4, no scheduler;
+- ``greedy``: METIS parts sized by the nodes' speeds + greedy mapping, largest part first, with
+  DAQ + LZ4, no scheduler; ``greedy_equal``: equal METIS parts (Fig. 8's METIS+Greedy);
 - ``fograph``: IEP + DAQ + LZ4 (+ the scheduler, idle on a steady machine);
 - ``uniform8``: IEP with every row at 8 bits (the uniform quantization baseline, Table IV/V).
 
@@ -43,8 +47,15 @@ from gnnserve.deploy.fog.testbed import probe
 
 MODES = {  # name -> FogService arguments
     "cloud": {"mode": "cloud"},
+    "cloud_codec": {"mode": "cloud", "compress": True},  # the collection gain alone
     "strawman": {"mode": "strawman"},
-    "greedy": {"mode": "fograph", "assign": "greedy", "adaptive": False},
+    "greedy": {"mode": "fograph", "assign": "greedy", "adaptive": False},  # largest part first
+    "greedy_equal": {  # the paper's METIS+Greedy: equal parts
+        "mode": "fograph",
+        "assign": "greedy",
+        "adaptive": False,
+        "weighted_parts": False,
+    },
     "fograph": {"mode": "fograph"},
     "uniform8": {"mode": "fograph", "daq_bits": (8, 8, 8, 8), "adaptive": False},
 }
@@ -109,7 +120,7 @@ def run_config(
             "compute_ms": reps[-1].node_ms,
             **_scores(bench, reps[-1].logits, full),
         }
-    for base in ("cloud", "strawman", "greedy"):
+    for base in ("cloud", "cloud_codec", "strawman", "greedy", "greedy_equal"):
         ratios = [
             b.latency_ms / f.latency_ms
             for b, f in zip(reports[base], reports["fograph"], strict=True)
@@ -253,6 +264,16 @@ def check(results: dict[str, Any], targets: Targets) -> None:
     for row in results.get("compare", []):
         key = " ".join(_key(row))
         targets.check(f"{key}: cloud / fograph latency", row["cloud_over_fograph"]["median"], 3.0)
+        if "cloud_codec_over_fograph" in row:
+            with_codec = row["cloud_codec_over_fograph"]["median"]
+            targets.check(f"{key}: cloud with the codec / fograph latency", with_codec, 2.0)
+            equal = (
+                row["fograph"]["latency_ms"]["median"] / row["greedy_equal"]["latency_ms"]["median"]
+            )
+            targets.check(
+                f"{key}: IEP / METIS+Greedy (equal parts) latency", equal, 0.9,
+                higher_is_better=False,
+            )  # fmt: skip
         targets.check(
             f"{key}: straw-man / fograph latency", row["strawman_over_fograph"]["median"], 1.5
         )

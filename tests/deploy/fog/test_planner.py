@@ -131,3 +131,21 @@ def test_weighted_metis_parts_follow_the_weights() -> None:
     np.testing.assert_allclose(shares, [1 / 7, 2 / 7, 4 / 7], atol=0.03)
     with pytest.raises(InvalidInputError, match="weights"):
         metis_parts(indptr, indices, 3, weights=np.array([1.0, 0.0, 1.0]))
+
+
+def test_greedy_gives_the_largest_part_first_pick() -> None:
+    """Fig. 8's METIS+Greedy, parts largest first: a plain loop over the parts in size order,
+    each taking its cheapest free fog."""
+    rng = np.random.default_rng(5)
+    for _ in range(50):
+        n = int(rng.integers(2, 7))
+        costs, sizes = rng.random((n, n)), rng.integers(1, 100, n)
+        want, free = np.empty(n, np.int64), list(range(n))
+        for k in sorted(range(n), key=lambda k: (-sizes[k], k)):
+            j = min(free, key=lambda j: (costs[k, j], j))
+            want[k] = j
+            free.remove(j)
+        np.testing.assert_array_equal(greedy_assignment(costs, sizes), want)
+    costs = np.array([[1.0, 5.0], [2.0, 9.0]])  # both parts cost least on fog 0
+    np.testing.assert_array_equal(greedy_assignment(costs, np.array([10, 90])), [1, 0])
+    np.testing.assert_array_equal(greedy_assignment(costs), [0, 1])  # no sizes: index order

@@ -10,8 +10,8 @@ the pairs costing at most tau hold a perfect matching (binary search over the so
 each probe a Hungarian matching: ``scipy.optimize.linear_sum_assignment``). Among the matchings
 with that bottleneck the one of least total cost is returned. O(n^3 log n).
 
-Baselines of Fograph's Fig. 8: METIS+Random (a random mapping) and METIS+Greedy (each part in
-turn takes the free fog that costs it least).
+Baselines of Fograph's Fig. 8: METIS+Random (a random mapping) and METIS+Greedy (the parts,
+largest first, in turn take the free fog that costs them least).
 """
 
 from __future__ import annotations
@@ -129,12 +129,14 @@ def bottleneck_assignment(costs: np.ndarray) -> np.ndarray:
     return cols.astype(np.int64)
 
 
-def greedy_assignment(costs: np.ndarray) -> np.ndarray:
-    """METIS+Greedy: part 0, 1, ... in turn takes the free fog that costs it least."""
+def greedy_assignment(costs: np.ndarray, sizes: np.ndarray | None = None) -> np.ndarray:
+    """METIS+Greedy: the parts, largest first (by ``sizes``; ties and no sizes: by index), in
+    turn take the free fog that costs them least, so the largest part gets first pick."""
     n = costs.shape[0]
+    order = np.arange(n) if sizes is None else np.argsort(-np.asarray(sizes), kind="stable")
     free = np.ones(n, bool)
     out = np.empty(n, np.int64)
-    for k in range(n):
+    for k in order:
         j = int(np.argmin(np.where(free, costs[k], np.inf)))
         out[k], free[j] = j, False
     return out
@@ -170,7 +172,7 @@ def plan(
     if assign == "iep":
         part_to_fog = bottleneck_assignment(costs)
     elif assign == "greedy":
-        part_to_fog = greedy_assignment(costs)
+        part_to_fog = greedy_assignment(costs, np.bincount(parts, minlength=n))
     else:
         part_to_fog = random_assignment(n, np.random.default_rng(seed))
     predicted = np.empty(n)

@@ -84,7 +84,11 @@ class RoundReport:
 class FogService:
     """A running deployment (see the module doc). ``testbed``: use cgroup quotas and network
     namespaces where :func:`~.testbed.probe` allows (else loopback, unthrottled, with a
-    warning). Close with :meth:`close` or use as a context manager."""
+    warning); nodes with a ``host`` run on those Ray nodes instead (:mod:`.hosts`).
+    ``compress``: upload with the codec (default: in fograph mode only; True gives the cloud
+    the same codec). ``gateways``: readings come from ``gnnserve fog upload`` gateways
+    (:meth:`gateway_plan`), not from device groups the service starts. Close with
+    :meth:`close` or use as a context manager."""
 
     def __init__(
         self,
@@ -106,6 +110,7 @@ class FogService:
         weighted_parts: bool = True,
         codec: str = "daq",
         gateways: bool = False,
+        compress: bool | None = None,
     ) -> None:
         if mode not in MODES:
             raise InvalidInputError(f"mode must be one of {MODES}, got {mode!r}", "mode")
@@ -138,7 +143,10 @@ class FogService:
         self.quotas_on = testbed and support.cpu_quota is None and mode != "cloud"
         if testbed and not (self.shaped and (self.quotas_on or mode == "cloud")):
             log.warning("testbed incomplete: %s", support)
-        self.bits = _upload_bits(np.diff(self.indptr), mode, codec, daq_bits)
+        # the codec: fograph's by default; compress=True gives another mode (the cloud) the
+        # same codec, so a comparison isolates the placement from the collection gain
+        compress = (mode == "fograph") if compress is None else compress
+        self.bits = _upload_bits(np.diff(self.indptr), compress, codec, daq_bits)
         self._warned_plan = -1  # plan version of the last slow-round warning
         self.placement = FogPlacement(
             self.indptr,
@@ -403,11 +411,11 @@ class FogService:
 
 
 def _upload_bits(
-    degrees: np.ndarray, mode: str, codec: str, daq_bits: tuple[int, int, int, int]
+    degrees: np.ndarray, compress: bool, codec: str, daq_bits: tuple[int, int, int, int]
 ) -> np.ndarray | None:
-    """Per-vertex upload widths of ``mode``: None (raw float32) outside fograph; DAQ's
-    degree-aware widths, or 32 bits for every row (lossless: LZ4 alone) in fograph."""
-    if mode != "fograph":
+    """Per-vertex upload widths: None (raw float32) without ``compress``; DAQ's degree-aware
+    widths, or 32 bits for every row (lossless: LZ4 alone)."""
+    if not compress:
         return None
     if codec == "lossless":
         return np.full(degrees.size, 32, dtype=np.uint8)
