@@ -208,6 +208,7 @@ SERVE_FLAG_VALUES = [
     ("--nodes", "nodes.yaml", "deploy.nodes", "nodes.yaml"),
     ("--fog-mode", "strawman", "deploy.fog_mode", "strawman"),
     ("--fog-codec", "lossless", "deploy.fog_codec", "lossless"),
+    ("--reprofile", None, "deploy.fog_reprofile", True),
 ]
 
 

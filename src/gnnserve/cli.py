@@ -82,6 +82,7 @@ SERVE_FLAGS: tuple[tuple[str, str], ...] = (
     ("--nodes", "deploy.nodes"),
     ("--fog-mode", "deploy.fog_mode"),
     ("--fog-codec", "deploy.fog_codec"),
+    ("--reprofile", "deploy.fog_reprofile"),
 )
 
 

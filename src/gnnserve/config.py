@@ -294,6 +294,11 @@ class DeployConfig(_Strict):
         "aware 8/16/32-bit rows + LZ4, smaller, rounds readings) | auto (lossless when every "
         "reading is an integer, else daq)",
     )
+    fog_reprofile: bool = Field(
+        False,
+        description="fog: measure the nodes and links again at start-up instead of reusing the "
+        "profile cached for this graph, model and nodes (~/.cache/gnnserve/fog)",
+    )
     fog_mode: Literal["fograph", "strawman", "cloud"] = Field(
         "fograph",
         description="fog: fograph (planned parts, compressed uploads, adaptive scheduler) | "

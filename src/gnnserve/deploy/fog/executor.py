@@ -20,6 +20,7 @@ import torch
 
 from gnnserve.config import ServeConfig
 from gnnserve.deploy.fog.nodes import load_nodes
+from gnnserve.deploy.fog.profile_cache import ProfileCache
 from gnnserve.deploy.fog.service import FogService, RoundReport
 from gnnserve.deploy.ray import start_ray_early
 from gnnserve.engine.batcher import Batch
@@ -81,8 +82,9 @@ class FogExecutor(Executor):
             upload_codec(ctx.config.deploy.fog_codec, readings),
         )
         self.service = FogService(
-            ctx.runner.model, ctx.graph, readings, self.nodes, mode, codec=codec
-        )
+            ctx.runner.model, ctx.graph, readings, self.nodes, mode, codec=codec,
+            profiles=ProfileCache(), reprofile=ctx.config.deploy.fog_reprofile,
+        )  # fmt: skip
         log.info(
             "fog: %d nodes (%s%s) ready in %.1f s",
             len(self.nodes),

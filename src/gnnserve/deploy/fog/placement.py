@@ -16,6 +16,7 @@ from collections.abc import Callable
 import numpy as np
 
 from gnnserve.deploy.fog.planner import ExecutionPlan, FogSpec, metis_parts, plan
+from gnnserve.deploy.fog.profile_cache import Profile
 from gnnserve.deploy.fog.profiler import halo_sizes, profile_cluster
 from gnnserve.features.codecs import pack
 
@@ -52,16 +53,24 @@ class FogPlacement:
         names: list[str],
         time_all: Callable[[np.ndarray], list[float]],
         uplinks: list[float],
-    ) -> None:
+    ) -> Profile:
         """Offline profile: ``time_all(vertices)`` times the model on that calibration subgraph
-        on every node (Eq. 3 fit per node); ``uplinks``: each node's device uplink, bytes/s."""
+        on every node (Eq. 3 fit per node); ``uplinks``: each node's device uplink, bytes/s.
+        Installs it and returns it (for the profile cache)."""
         n = self.indptr.size - 1
         rng = np.random.default_rng(self.seed)
         counts = [max(1, int(s * n)) for s in CALIBRATION_SIZES]
-        models, self.vertex_ms = profile_cluster(
+        models, vertex_ms = profile_cluster(
             time_all, self.indptr, self.indices, counts, rng, CALIBRATION_PER_SIZE
         )
-        for name, model, rate in zip(names, models, uplinks, strict=True):
+        measured = Profile(models, [float(v) for v in vertex_ms], [float(r) for r in uplinks])
+        self.install(names, measured)
+        return measured
+
+    def install(self, names: list[str], profile: Profile) -> None:
+        """Plan with ``profile`` (measured now or reused from the cache)."""
+        self.vertex_ms = np.asarray(profile.vertex_ms, float)
+        for name, model, rate in zip(names, profile.models, profile.uplinks, strict=True):
             log.info(
                 "fog %s: omega = %.2e |V| + %.2e |N| + %.2f ms; uplink %.1f Mbit/s",
                 name,
@@ -72,7 +81,7 @@ class FogPlacement:
             )
         self.specs = [
             FogSpec(name, rate, model)
-            for name, rate, model in zip(names, uplinks, models, strict=True)
+            for name, rate, model in zip(names, profile.uplinks, profile.models, strict=True)
         ]
 
     def phi(self) -> float:

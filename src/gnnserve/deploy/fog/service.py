@@ -40,6 +40,7 @@ from gnnserve.deploy.fog.links import (
 )
 from gnnserve.deploy.fog.partition import build_fog_partitions, symmetric_adjacency
 from gnnserve.deploy.fog.placement import FogPlacement
+from gnnserve.deploy.fog.profile_cache import ProfileCache, profile_key
 from gnnserve.deploy.fog.scheduler import Decision, schedule
 from gnnserve.deploy.fog.slots import Slot, claim_slot
 from gnnserve.deploy.fog.testbed import CpuQuota, probe
@@ -111,6 +112,8 @@ class FogService:
         codec: str = "daq",
         gateways: bool = False,
         compress: bool | None = None,
+        profiles: ProfileCache | None = None,
+        reprofile: bool = False,
     ) -> None:
         if mode not in MODES:
             raise InvalidInputError(f"mode must be one of {MODES}, got {mode!r}", "mode")
@@ -133,6 +136,8 @@ class FogService:
                 "adaptive",
             )
         self.gateways = gateways  # readings come from `gnnserve fog upload`, not device groups
+        self.profiles, self.reprofile = profiles, reprofile
+        self.profile_reused = False  # the start-up plan used a cached profile
         self.indptr, self.indices = graph.csr()
         self.features = np.array(features, np.float32)
         self.world = 1 if mode == "cloud" else len(nodes)
@@ -246,10 +251,27 @@ class FogService:
         if self.mode == "cloud":
             return blocks  # one node: every vertex on it
         names = [node.name for node in self.nodes]
-        self.placement.profile(names, self._time_all, self._uplink_rates())
+        key = self._profile_key()
+        cached = None
+        if self.profiles is not None and not self.reprofile:
+            cached = self.profiles.load(key, len(names))
+        if cached is not None:
+            self.placement.install(names, cached)
+            self.profile_reused = True
+            log.info("fog: profile reused from %s (--reprofile measures again)", self.profiles)
+        else:
+            measured = self.placement.profile(names, self._time_all, self._uplink_rates())
+            if self.profiles is not None:
+                self.profiles.save(key, measured)
         membership = self.placement.initial()
         self.version = self.cluster.apply(membership)
         return membership
+
+    def _profile_key(self) -> str:
+        """What the start-up profile depends on: graph, model, nodes and testbed."""
+        testbed = {"shaped": self.shaped, "quotas": self.quotas_on, "seed": self.seed}
+        nodes = [*self.nodes, testbed]
+        return profile_key(self.indptr, self.indices, self.model, nodes)
 
     def _host(self, fog: int) -> str:
         """Where fog ``fog`` receives uploads: its machine's address on real hosts, its link's

@@ -1,0 +1,60 @@
+"""Fog start-up profiles kept between runs: a restart with the same graph, model and nodes
+reuses the measured profile (no calibration subgraph timed, no link probed) and plans the same;
+any change of those keys another profile; an unreadable file is measured again."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gnnserve.deploy.fog.profile_cache import Profile, ProfileCache, profile_key
+from gnnserve.deploy.fog.profiler import LatencyModel
+from gnnserve.deploy.fog.service import FogService, NodeSpec
+from gnnserve.graph.base import GraphStore
+from tests.deploy.fog.test_service import _model, _readings
+from tests.deploy.fog.test_service import graph as graph  # noqa: F401 - the module fixture
+
+NODES = [NodeSpec("a", None, "wifi"), NodeSpec("b", None, "4g")]
+
+
+def test_profiles_round_trip_and_bad_files_are_measured_again(tmp_path: Path) -> None:
+    cache = ProfileCache(tmp_path)
+    profile = Profile([LatencyModel(0.1, 0.02, 1.5), LatencyModel(0.3, 0.01, 0.5)], [0.2, 0.4],
+                      [1e6, 2e6])  # fmt: skip
+    cache.save("k", profile)
+    assert cache.load("k", 2) == profile
+    assert cache.load("k", 3) is None  # another node count
+    assert cache.load("absent", 2) is None
+    (tmp_path / "k.json").write_text("{not json")
+    assert cache.load("k", 2) is None
+
+
+def test_the_key_follows_graph_model_and_nodes() -> None:
+    indptr, indices = np.array([0, 1, 2]), np.array([1, 0])
+    model = _model()
+    key = profile_key(indptr, indices, model, NODES)
+    assert key == profile_key(indptr.copy(), indices.copy(), _model(), list(NODES))
+    assert key != profile_key(indptr, np.array([1, 1]), model, NODES)
+    assert key != profile_key(indptr, indices, _model(hidden=32), NODES)
+    assert key != profile_key(indptr, indices, model, [NODES[0], NodeSpec("b", 0.5, "4g")])
+
+
+@pytest.mark.distributed
+def test_a_restart_reuses_the_profile(graph: GraphStore, ray_instance, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    cache, model, x = ProfileCache(tmp_path), _model(), _readings(1)
+    timed: list[int] = []
+
+    def start(**options: object) -> FogService:
+        svc = FogService(model, graph, x, NODES, "strawman", testbed=False, profiles=cache,
+                         **options)  # type: ignore[arg-type]  # fmt: skip
+        timed.append(int(not svc.profile_reused))
+        return svc
+
+    with start() as first:
+        plan = first.membership.copy()
+    with start() as second:
+        np.testing.assert_array_equal(second.membership, plan)
+    assert timed == [1, 0]
+    assert len(list(tmp_path.glob("*.json"))) == 1
