@@ -307,11 +307,12 @@ def plot(results: dict[str, Any], path: Path) -> None:
     rows = results.get("compare", [])
     fig, axes = plt.subplots(1, 3, figsize=(18, 4.2))
     ax = axes[0]
-    for i, mode in enumerate(MODES):
-        med = [r[mode]["latency_ms"]["median"] for r in rows]
-        ax.bar(np.arange(len(rows)) + 0.16 * i, med, 0.16, label=mode)
+    width = 0.8 / len(MODES)
+    for i, mode in enumerate(MODES):  # rows of older runs may lack the newer arms: no bar
+        med = [r[mode]["latency_ms"]["median"] if mode in r else np.nan for r in rows]
+        ax.bar(np.arange(len(rows)) + width * i, med, width, label=mode)
     ax.set_xticks(
-        np.arange(len(rows)) + 0.32,
+        np.arange(len(rows)) + 0.4 - width / 2,
         [f"{r['graph']}\n{r['arch']} {r['net']}/{_key(r)[3]}" for r in rows],
         fontsize=6,
     )
