@@ -1,0 +1,88 @@
+"""Incremental PE refresh (issue 29, part 2, the computation): after a committed batch,
+recompute only the affected rows of each layer (:mod:`.affected`), layer by layer, with the same
+one-hop blocks and ``layer_forward`` as the full precompute (:mod:`.precompute`), so the result
+equals a full precompute on the new graph.
+
+Layer ``l``'s rows ``A_l`` are computed from layer ``l - 1`` of the new graph (its rows in
+``A_{l-1}`` refreshed just before, the others unchanged by construction), in chunks of at most
+``chunk_edges`` in-edges. The layers are updated in place; arrays grow for added nodes.
+Publishing the refreshed version atomically to readers is the caller's (the refresher's).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from gnnserve.embeddings.precompute import layer_dims
+from gnnserve.features.base import FeatureStore
+from gnnserve.graph.base import GraphStore
+from gnnserve.models.zoo import GNN
+from gnnserve.types import Block
+
+
+def rows_block(
+    indptr: np.ndarray, indices: np.ndarray, dsts: np.ndarray
+) -> tuple[Block, np.ndarray]:
+    """The one-hop block of destinations ``dsts`` (distinct ids) with all their in-neighbours:
+    ``(block, src_ids)``, the destinations first in ``dsts`` order, then the other sources."""
+    starts, ends = indptr[dsts], indptr[dsts + 1]
+    counts = ends - starts
+    offsets = np.repeat(starts - np.cumsum(counts) + counts, counts)
+    src = np.asarray(indices[np.arange(counts.sum()) + offsets], np.int64)
+    dst = np.repeat(np.arange(dsts.size, dtype=np.int64), counts)
+    others = np.setdiff1d(np.unique(src), dsts, assume_unique=True)
+    src_ids = np.concatenate([dsts, others])
+    order = np.argsort(src_ids, kind="stable")
+    local = order[np.searchsorted(src_ids[order], src)]
+    edge_index = torch.from_numpy(np.stack([local, dst]))
+    return Block(edge_index, int(src_ids.size), int(dsts.size)), src_ids
+
+
+def _chunks(indptr: np.ndarray, rows: np.ndarray, chunk_edges: int) -> list[np.ndarray]:
+    """``rows`` cut into consecutive pieces of at most ``chunk_edges`` in-edges (and at least
+    one row each)."""
+    ends = np.cumsum(indptr[rows + 1] - indptr[rows])
+    out, lo = [], 0
+    while lo < rows.size:
+        base = ends[lo - 1] if lo else 0
+        hi = max(lo + 1, int(np.searchsorted(ends, base + chunk_edges, side="right")))
+        out.append(rows[lo:hi])
+        lo = hi
+    return out
+
+
+@torch.inference_mode()
+def refresh_layers(
+    model: GNN,
+    graph: GraphStore,
+    features: FeatureStore,
+    layers: list[np.ndarray],
+    affected: list[np.ndarray],
+    chunk_edges: int = 2_000_000,
+) -> list[np.ndarray]:
+    """``layers`` (PEs before the batch, one [rows, d_l] array per layer) with the rows of
+    ``affected[l]`` recomputed on ``graph``/``features`` (after the batch); arrays with fewer
+    rows than the graph has nodes are grown first. Returns the (possibly new) arrays."""
+    n = graph.num_nodes
+    indptr, indices = graph.csr()
+    model.eval()
+    out: list[np.ndarray] = []
+    for index, (dim, old) in enumerate(zip(layer_dims(model), layers, strict=True)):
+        if old.shape != (old.shape[0], dim) or old.shape[0] > n:
+            raise ValueError(f"layer {index + 1} is {old.shape}, expected [<= {n}, {dim}]")
+        layer = old
+        if old.shape[0] < n:
+            layer = np.zeros((n, dim), np.float32)
+            layer[: old.shape[0]] = old
+        rows = np.asarray(affected[index], np.int64)
+        for part in _chunks(indptr, rows, chunk_edges) if rows.size else []:
+            block, src_ids = rows_block(indptr, indices, part)
+            if index == 0:
+                h = features.get_valid(src_ids)
+            else:
+                h = torch.from_numpy(np.asarray(out[-1][src_ids], np.float32))
+            degree = torch.from_numpy(np.asarray(graph.gcn_degree(src_ids)))
+            layer[part] = model.layer_forward(index, h, block, degree).numpy()
+        out.append(layer)
+    return out
