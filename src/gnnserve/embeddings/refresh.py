@@ -82,7 +82,10 @@ def refresh_layers(
                 h = features.get_valid(src_ids)
             else:
                 h = torch.from_numpy(np.asarray(out[-1][src_ids], np.float32))
-            degree = torch.from_numpy(np.asarray(graph.gcn_degree(src_ids)))
+            if model.needs_degree:
+                degree = torch.from_numpy(np.asarray(graph.gcn_degree(src_ids)))
+            else:  # the graph's degree array costs a pass over every edge the first time
+                degree = torch.zeros(src_ids.size)
             layer[part] = model.layer_forward(index, h, block, degree).numpy()
         out.append(layer)
     return out

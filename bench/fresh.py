@@ -1,0 +1,121 @@
+"""Fresh embeddings under updates (issue 29), first part: the cost of refreshing the PEs after a
+batch of edge insertions against a full precompute on the new graph.
+
+For each graph and batch size: ``batches`` batches of random new edges, each applied to the
+graph (a new store written, not timed); timed: the affected sets (``embeddings.affected``, on
+an out-adjacency built once per batch outside the timing: a refresher would keep it current),
+the refresh of those rows (``embeddings.refresh``) and a full precompute of the new graph. The
+refreshed PEs must equal the full ones (max abs difference recorded). Medians over batches.
+
+    python bench/fresh.py [--quick]     # fb100_cornell5 and R-MAT 2^20 (--quick: fb100 only)
+
+Not measured yet (issue 29 parts 2-4): freshness lag under a stream, new-node answers under the
+stream, the answer cache; the refresh here runs on one thread beside nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from common import DATASETS, median_range, strict, write_results
+from gnnserve.data import generators
+from gnnserve.data.writer import GraphData, write_store
+from gnnserve.embeddings.affected import AffectedSets, BatchChanges, out_adjacency
+from gnnserve.embeddings.precompute import precompute_embeddings
+from gnnserve.embeddings.refresh import refresh_layers
+from gnnserve.features import open_feature_store
+from gnnserve.graph import open_graph_store
+from gnnserve.models.zoo import GNN, ModelConfig
+
+BATCH_EDGES = (100, 1000)
+
+
+def _graph(name: str) -> tuple[np.ndarray, np.ndarray, int]:
+    """(edge_index [2, E], features, N) of ``name``."""
+    if name == "fb100_cornell5":
+        with np.load(DATASETS / "fb100_cornell5.npz") as z:
+            edges, n = z["edge_index"], int(z["num_nodes"])
+        return edges, np.random.default_rng(0).standard_normal((n, 64), np.float32), n
+    data = generators.rmat(num_nodes=2**20, num_edges=10_000_000, feature_dim=64, seed=0)
+    return data.edge_index, data.x, data.num_nodes
+
+
+def _precompute(model: GNN, store: Path) -> tuple[list[np.ndarray], float]:
+    graph, features = open_graph_store(store), open_feature_store(store)
+    start = time.perf_counter()
+    pes = precompute_embeddings(model, graph, features, model_version="m", progress=False)
+    took = time.perf_counter() - start
+    return [np.array(pes.layer(i + 1)) for i in range(pes.num_layers)], took
+
+
+def run_graph(name: str, batches: int, work: Path) -> dict[str, Any]:
+    """Refresh vs full precompute per batch size on graph ``name``."""
+    edges, x, n = _graph(name)
+    torch.manual_seed(0)
+    model = GNN(ModelConfig("sage", in_dim=64, hidden_dim=64, out_dim=4, num_layers=2)).eval()
+    write_store(GraphData(name, n, edges, x), work / "base")
+    base, _ = _precompute(model, work / "base")
+    rng = np.random.default_rng(1)
+    out: dict[str, Any] = {"num_nodes": n, "num_edges": int(edges.shape[1])}
+    for size in BATCH_EDGES:
+        rows: dict[str, list[float]] = {"affected_ms": [], "refresh_ms": [], "full_ms": []}
+        rows |= {"affected_rows": [], "max_abs_diff": []}
+        for b in range(batches):
+            new = rng.integers(0, n, (2, size))
+            store = work / f"b{size}_{b}"
+            write_store(GraphData(name, n, np.concatenate([edges, new], axis=1), x), store)
+            graph, features = open_graph_store(store), open_feature_store(store)
+            out_csr = out_adjacency(*graph.csr())  # a refresher keeps this current; not timed
+            start = time.perf_counter()
+            sets = AffectedSets(2, model.needs_degree).compute(*out_csr, BatchChanges(new[1]))
+            mid = time.perf_counter()
+            got = refresh_layers(model, graph, features, [a.copy() for a in base], sets)
+            done = time.perf_counter()
+            want, full_s = _precompute(model, store)
+            rows["affected_ms"].append((mid - start) * 1e3)
+            rows["refresh_ms"].append((done - mid) * 1e3)
+            rows["full_ms"].append(full_s * 1e3)
+            rows["affected_rows"].append(float(sum(s.size for s in sets)))
+            rows["max_abs_diff"].append(
+                max(float(np.abs(g - w).max()) for g, w in zip(got, want, strict=True))
+            )
+            print(
+                f"[fresh] {name} {size} edges batch {b + 1}: affected {sets[0].size}/"
+                f"{sets[1].size} rows, {rows['affected_ms'][-1]:.1f} + "
+                f"{rows['refresh_ms'][-1]:.0f} ms vs full {full_s * 1e3:.0f} ms",
+                flush=True,
+            )
+        speedup = [
+            f / (a + r)
+            for f, a, r in zip(
+                rows["full_ms"], rows["affected_ms"], rows["refresh_ms"], strict=True
+            )
+        ]
+        out[str(size)] = {k: median_range(v) for k, v in rows.items()}
+        out[str(size)]["full_over_refresh"] = median_range(speedup)
+    return out
+
+
+def main() -> None:
+    """Both graphs (fb100 only with --quick); results/fresh.json."""
+    p = argparse.ArgumentParser(description=(main.__doc__ or "").splitlines()[0])
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--batches", type=int, default=3)
+    args = p.parse_args()
+    names = ["fb100_cornell5"] + ([] if args.quick else ["rmat"])
+    results: dict[str, Any] = {"model": "sage 2 layers, 64 hidden, 64-dim features"}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in names:
+            results[name] = run_graph(name, args.batches, Path(tmp) / name)
+    print(f"wrote {write_results('fresh_quick' if args.quick else 'fresh', strict(results))}")
+
+
+if __name__ == "__main__":
+    main()
