@@ -51,6 +51,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/srpe.py
 	$(BIN)/python bench/cgp.py
 	$(BIN)/python bench/faas.py
+	$(BIN)/python bench/fresh.py
 
 bench-overload: $(STAMP)
 	$(BIN)/python bench/overload.py
@@ -68,6 +69,7 @@ bench-quick: $(STAMP)
 	$(BIN)/python bench/faas.py --quick
 	$(BIN)/python bench/srpe.py --quick
 	$(BIN)/python bench/cgp.py --quick
+	$(BIN)/python bench/fresh.py --quick
 
 clean:
 	rm -rf $(VENV) demo_data site .pytest_cache .mypy_cache .ruff_cache .import_linter_cache
