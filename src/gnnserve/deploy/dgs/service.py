@@ -47,11 +47,8 @@ from __future__ import annotations
 
 import logging
 import shutil
-import tempfile
 import threading
-import uuid
 from itertools import chain
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -71,6 +68,7 @@ from gnnserve.errors import InvalidInputError, WorkerFailedError
 from gnnserve.fanouts import check_fanouts
 from gnnserve.sampling.presample import check_csr
 from gnnserve.sampling.sampler import to_subgraph
+from gnnserve.tempdirs import owned_tempdir, sweep_dead
 from gnnserve.types import SampledSubgraph
 
 _SamplingActor = ray.remote(num_cpus=0)(SamplingWorker)
@@ -116,7 +114,9 @@ class DGSService(Recovery):
         self.is_query = np.zeros(self.num_nodes, dtype=bool)
         qv = np.arange(self.num_nodes) if query_vertices is None else query_vertices
         self.is_query[check_node_ids(qv, self.num_nodes, "query_vertices")] = True
-        self.dir = Path(tempfile.mkdtemp(prefix=f"gnnserve-dgs-{uuid.uuid4().hex[:8]}-"))
+        for stale in sweep_dead("dgs"):  # of deployments killed before they cleaned up
+            logging.getLogger(__name__).info("dgs: removed %s (its owner is gone)", stale)
+        self.dir = owned_tempdir("dgs")
         self._own_log = UpdateLog(self.dir / "updates.log", "never") if log is None else None
         self.log = log or LogSource(self.dir / "updates.log", Position(0, 0), dim=0)
         self.checkpoints = Checkpoints(

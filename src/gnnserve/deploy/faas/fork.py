@@ -47,6 +47,7 @@ from gnnserve.deploy.faas.launch import (
 )
 from gnnserve.deploy.faas.template import recv, send
 from gnnserve.errors import GnnServeError
+from gnnserve.tempdirs import sweep_dead
 
 log = logging.getLogger(__name__)
 TEMPLATE_START_S = 300.0  # imports and kernel compilation on a cold numba cache
@@ -163,7 +164,8 @@ class ForkLauncher(Launcher):
 
     def __init__(self, tag: str) -> None:
         super().__init__(tag)
-        self.dir = Path(tempfile.mkdtemp(prefix=f"gnnserve-faas-{tag}-"))
+        sweep_dead("faas")  # the sockets and scratch of deployments killed outright
+        self.dir = Path(tempfile.mkdtemp(prefix=f"gnnserve-faas-{tag}-"))  # tag: p<pid>-<id>
         self.address = str(self.dir / "instances.sock")
         self._authkey = secrets.token_bytes(16)
         self._listener = Listener(self.address, family="AF_UNIX", authkey=self._authkey)
