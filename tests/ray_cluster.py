@@ -22,7 +22,7 @@ def _ray(*args: str, env: dict[str, str]) -> None:
     subprocess.run([RAY, *args], check=True, env=env, capture_output=True, timeout=120)
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")  # one cluster for every multi-node test
 def two_nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     """A head on 127.0.0.1 and a second node on 127.0.0.2 offering resource ``far``; the
     environment a driver joins it with."""
