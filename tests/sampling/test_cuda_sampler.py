@@ -23,6 +23,7 @@ from gnnserve.sampling.cuda_sampler import CudaSampler, _Launches
 from gnnserve.sampling.sampler import NeighborSampler
 from tests.conftest import GraphData, random_simple_graph, write_store
 from tests.sampling.checks import check_sample, edge_set
+from tests.sampling.test_device import _equal
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # uint64 wrap in the simulator
 
@@ -42,21 +43,12 @@ def tiny_graph(tmp_path_factory: pytest.TempPathFactory) -> GraphStore:
     return open_graph_store(out)
 
 
-def _equal(want, got) -> None:  # type: ignore[no-untyped-def]
-    np.testing.assert_array_equal(want.nodes, got.nodes)
-    np.testing.assert_array_equal(want.seed_rows, got.seed_rows)
-    assert want.num_seeds == got.num_seeds and len(want.blocks) == len(got.blocks)
-    for x, y in zip(want.blocks, got.blocks, strict=True):
-        assert (x.n_src, x.n_dst) == (y.n_src, y.n_dst)
-        assert torch.equal(x.edge_index, y.edge_index)
-
-
 @pytest.mark.parametrize("fanouts", [[10, 5], [3, -1, 2], [25]])  # -1: every neighbour
 def test_draws_equal_the_numba_sampler(tiny_graph: GraphStore, fanouts: list[int]) -> None:
     rng = np.random.default_rng(len(fanouts))
     cpu, gpu = NeighborSampler(tiny_graph, fanouts), CudaSampler(tiny_graph, fanouts)
     deg, edges = np.diff(tiny_graph.csr()[0]), edge_set(tiny_graph)
-    for seeds in (np.array([7]), rng.integers(0, tiny_graph.num_nodes, 4), np.array([5, 9, 5])):
+    for seeds in (np.array([7]), np.array([5, 9, 5])):  # one seed; several, one repeated
         key = int(rng.integers(0, 2**62))
         got = gpu.sample_valid(seeds, rng_seed=key)
         _equal(cpu.sample(seeds, rng_seed=key), got)

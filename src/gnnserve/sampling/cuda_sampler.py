@@ -26,7 +26,12 @@ from numba import cuda
 from gnnserve.fanouts import check_fanouts
 from gnnserve.graph.base import GraphStore
 from gnnserve.sampling import cuda_kernels as kern
-from gnnserve.sampling.sampler import KeyStream, check_seeds, size_bound_per_seed
+from gnnserve.sampling.sampler import (
+    KeyStream,
+    check_seeds,
+    placed_adjacency,
+    size_bound_per_seed,
+)
 from gnnserve.types import Block, SampledSubgraph
 
 DeviceArray = Any  # a numba device array (numba.cuda.cudadrv.devicearray.DeviceNDArray)
@@ -109,11 +114,8 @@ class CudaSampler:
         self.fanouts = check_fanouts(fanouts)
         self.seed = int(seed)
         self.cost = cost  # PSGS per node, or None: a fanout bound
-        row_start, degree, indices = graph.adjacency()
-        self.num_nodes = int(degree.shape[0])
-        self._row_start, self._degree, self._indices = (
-            cuda.to_device(np.ascontiguousarray(a, dtype=np.int64))
-            for a in (row_start, degree, indices)
+        self.num_nodes, self._row_start, self._degree, self._indices = placed_adjacency(
+            graph, lambda a: cuda.to_device(np.ascontiguousarray(a, dtype=np.int64))
         )
         self._graph = graph
         self._keys = KeyStream(self.seed)

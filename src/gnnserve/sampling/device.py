@@ -25,7 +25,12 @@ from gnnserve.errors import InvalidInputError
 from gnnserve.fanouts import check_fanouts
 from gnnserve.graph.base import GraphStore
 from gnnserve.sampling.kernels import _GOLDEN, _MIX1, _MIX2
-from gnnserve.sampling.sampler import KeyStream, check_seeds, size_bound_per_seed
+from gnnserve.sampling.sampler import (
+    KeyStream,
+    check_seeds,
+    placed_adjacency,
+    size_bound_per_seed,
+)
 from gnnserve.types import Block, SampledSubgraph
 
 
@@ -123,10 +128,8 @@ class DeviceSampler:
         self.fanouts = check_fanouts(fanouts)
         self.seed = int(seed)
         self.cost = cost  # PSGS per node, or None: a fanout bound
-        row_start, degree, indices = graph.adjacency()
-        self.num_nodes = int(degree.shape[0])
-        self._row_start, self._degree, self._indices = (
-            _on_device(a, self.device) for a in (row_start, degree, indices)
+        self.num_nodes, self._row_start, self._degree, self._indices = placed_adjacency(
+            graph, lambda a: _on_device(a, self.device)
         )
         self._size_bound_per_seed = size_bound_per_seed(self.fanouts)
         self._maps: queue.SimpleQueue[torch.Tensor] = queue.SimpleQueue()

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import queue
 import threading
-from typing import Protocol
+from collections.abc import Callable
+from typing import Protocol, TypeVar
 
 import numpy as np
 import torch
@@ -14,6 +15,8 @@ from gnnserve.fanouts import check_fanouts
 from gnnserve.graph.base import GraphStore
 from gnnserve.sampling import kernels
 from gnnserve.types import Block, SampledSubgraph
+
+T = TypeVar("T")
 
 # Expected sampled nodes of a batch (summed PSGS, or the fanout bound) from which it goes on the
 # throughput path (hop by hop) instead of the one-call inline kernel: the routing unit. 8,192:
@@ -69,6 +72,13 @@ class KeyStream:
             self._calls += 1
             call = self._calls
         return call_key(self.seed, call)
+
+
+def placed_adjacency(graph: GraphStore, place: Callable[[np.ndarray], T]) -> tuple[int, T, T, T]:
+    """(node count, row starts, degrees, indices) of ``graph``'s adjacency, each array passed
+    through ``place`` (e.g. copied to a device) for a sampler that holds its own copy."""
+    row_start, degree, indices = graph.adjacency()
+    return int(degree.shape[0]), place(row_start), place(degree), place(indices)
 
 
 def size_bound_per_seed(fanouts: list[int]) -> float:
