@@ -36,7 +36,7 @@ def local_logits(
     return ModelRunner(loaded.model, loaded.version).forward(batch)[0]
 
 
-@pytest.mark.parametrize("arch", ["gcn", "sage"])
+@pytest.mark.parametrize("arch", ["gcn"])  # GCN: its degree rows travel too (SAGE reads none)
 def test_answers_equal_local_inference_and_scale_to_zero(
     ray_instance: None, small_store: Path, tmp_path: Path, arch: str
 ) -> None:

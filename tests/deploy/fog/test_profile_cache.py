@@ -9,12 +9,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from gnnserve.data.generators import sbm
+from gnnserve.data.writer import write_store
 from gnnserve.deploy.fog.profile_cache import Profile, ProfileCache, profile_key
 from gnnserve.deploy.fog.profiler import LatencyModel
 from gnnserve.deploy.fog.service import FogService, NodeSpec
+from gnnserve.graph import open_graph_store
 from gnnserve.graph.base import GraphStore
-from tests.deploy.fog.test_service import _model, _readings
-from tests.deploy.fog.test_service import graph as graph  # noqa: F401 - the module fixture
+from tests.deploy.fog.test_service import F, _model
 
 NODES = [NodeSpec("a", None, "wifi"), NodeSpec("b", None, "4g")]
 
@@ -42,8 +44,11 @@ def test_the_key_follows_graph_model_and_nodes() -> None:
 
 
 @pytest.mark.distributed
-def test_a_restart_reuses_the_profile(graph: GraphStore, ray_instance, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    cache, model, x = ProfileCache(tmp_path), _model(), _readings(1)
+def test_a_restart_reuses_the_profile(ray_instance, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    data = sbm(num_nodes=400, num_classes=3, feature_dim=F, avg_degree=8.0, seed=2)
+    write_store(data, tmp_path / "store")
+    graph: GraphStore = open_graph_store(tmp_path / "store")
+    cache, model, x = ProfileCache(tmp_path / "profiles"), _model(), data.x
     timed: list[int] = []
 
     def start(**options: object) -> FogService:
@@ -57,4 +62,4 @@ def test_a_restart_reuses_the_profile(graph: GraphStore, ray_instance, tmp_path:
     with start() as second:
         np.testing.assert_array_equal(second.membership, plan)
     assert timed == [1, 0]
-    assert len(list(tmp_path.glob("*.json"))) == 1
+    assert len(list((tmp_path / "profiles").glob("*.json"))) == 1
