@@ -40,3 +40,27 @@ def test_popularity_is_a_distribution_skewed_by_zipf() -> None:
     top = np.sort(p)[::-1]
     assert top[0] / top[9] > 10**streams.ZIPF_A * 0.99  # rank 1 vs rank 10
     np.testing.assert_allclose(streams.popularity("uniform", 4, 0), 0.25)
+
+
+def test_the_lru_replay_equals_an_ordered_dict_lru() -> None:
+    """The numba LRU (warmed on one read sequence, scored on the next) against a plain
+    OrderedDict LRU, over random sizes, capacities and sequences."""
+    from collections import OrderedDict
+
+    rng = np.random.default_rng(0)
+    for _ in range(60):
+        n = int(rng.integers(1, 30))
+        capacity = int(rng.integers(1, n + 1))
+        warm, reads = (rng.integers(0, n, int(rng.integers(0, 60))) for _ in range(2))
+        cache: OrderedDict[int, None] = OrderedDict()
+        hits = 0
+        for scored, sequence in ((0, warm), (1, reads)):
+            for v in sequence.tolist():
+                if v in cache:
+                    hits += scored
+                    cache.move_to_end(v)
+                    continue
+                if len(cache) == capacity:
+                    cache.popitem(last=False)
+                cache[v] = None
+        assert streams._lru_hits(warm, reads, capacity, n) == hits
