@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from gnnserve.embeddings.precompute import layer_dims
+from gnnserve.embeddings.precompute import chunk_bounds, layer_dims
 from gnnserve.features.base import FeatureStore
 from gnnserve.graph.base import GraphStore
 from gnnserve.models.zoo import GNN
@@ -40,16 +40,12 @@ def rows_block(
 
 
 def _chunks(indptr: np.ndarray, rows: np.ndarray, chunk_edges: int) -> list[np.ndarray]:
-    """``rows`` cut into consecutive pieces of at most ``chunk_edges`` in-edges (and at least
-    one row each)."""
-    ends = np.cumsum(indptr[rows + 1] - indptr[rows])
-    out, lo = [], 0
-    while lo < rows.size:
-        base = ends[lo - 1] if lo else 0
-        hi = max(lo + 1, int(np.searchsorted(ends, base + chunk_edges, side="right")))
-        out.append(rows[lo:hi])
-        lo = hi
-    return out
+    """``rows`` cut as :func:`chunk_bounds` cuts a graph: consecutive pieces of at most
+    ``chunk_edges`` in-edges (and rows), at least one row each."""
+    row_edges = np.zeros(rows.size + 1, np.int64)
+    np.cumsum(indptr[rows + 1] - indptr[rows], out=row_edges[1:])
+    bounds = chunk_bounds(row_edges, chunk_edges)
+    return [rows[lo:hi] for lo, hi in zip(bounds[:-1], bounds[1:], strict=True)]
 
 
 @torch.inference_mode()

@@ -113,7 +113,22 @@ class FeatureCluster:
         self.actors = []
 
 
-class PartitionedFeatures(FeatureStore):
+class _ClusterView(FeatureStore):
+    """A feature store reading a :class:`FeatureCluster` (``self.cluster``): its node count and
+    width are the cluster's."""
+
+    cluster: FeatureCluster
+
+    @property
+    def num_nodes(self) -> int:
+        return self.cluster.num_nodes
+
+    @property
+    def dim(self) -> int:
+        return self.cluster.dim
+
+
+class PartitionedFeatures(_ClusterView):
     """Server ``server``'s view of a :class:`FeatureCluster`: its rows local, others remote."""
 
     def __init__(self, cluster: FeatureCluster, server: int) -> None:
@@ -126,14 +141,6 @@ class PartitionedFeatures(FeatureStore):
         self._local = store.get_valid(rows)
         self.stats = PlacementStats()
         self._lock = threading.Lock()
-
-    @property
-    def num_nodes(self) -> int:
-        return self.cluster.num_nodes
-
-    @property
-    def dim(self) -> int:
-        return self.cluster.dim
 
     def _read(self, ids: np.ndarray) -> torch.Tensor:
         import ray
@@ -158,7 +165,7 @@ class PartitionedFeatures(FeatureStore):
         return out
 
 
-class RoutedFeatures(FeatureStore):
+class RoutedFeatures(_ClusterView):
     """A client of a :class:`FeatureCluster` holding no rows itself (``serve --feature-servers``).
 
     Locality-aware routing: a read goes to the server that holds most of its rows (replicated
@@ -174,14 +181,6 @@ class RoutedFeatures(FeatureStore):
         self.stats = PlacementStats()
         self.routed = np.zeros(self.servers, dtype=np.int64)  # reads sent to each server first
         self._lock = threading.Lock()
-
-    @property
-    def num_nodes(self) -> int:
-        return self.cluster.num_nodes
-
-    @property
-    def dim(self) -> int:
-        return self.cluster.dim
 
     def route(self, ids: np.ndarray) -> int:
         """The server holding most of ``ids``."""

@@ -13,10 +13,10 @@ import torch.distributed as dist
 __all__ = ["Exchange", "free_port"]
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago (a gloo group's rendezvous)."""
+def free_port(address: str = "127.0.0.1") -> int:
+    """A TCP port on ``address`` that was free a moment ago (a gloo group's rendezvous)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
+        sock.bind((address, 0))
         return int(sock.getsockname()[1])
 
 

@@ -10,7 +10,6 @@ host run wherever Ray places them (one machine: the emulated testbed of ``testbe
 from __future__ import annotations
 
 import ipaddress
-import socket
 import subprocess
 from typing import TYPE_CHECKING, Any
 
@@ -55,13 +54,6 @@ def placement_options(hosts: list[str | None]) -> list[dict[str, Any]]:
 def node_address() -> str:
     """The address of the Ray node this process runs on."""
     return str(ray.util.get_node_ip_address())
-
-
-def free_port_on(address: str) -> int:
-    """A TCP port free on ``address`` right now (for a rendezvous opened there next)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((address, 0))
-        return int(s.getsockname()[1])
 
 
 def interface_of(address: str) -> str | None:

@@ -19,8 +19,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from gnnserve.deploy.cgp.exchange import Exchange
-from gnnserve.deploy.fog.hosts import free_port_on, interface_of, node_address
+from gnnserve.deploy.cgp.exchange import Exchange, free_port
+from gnnserve.deploy.fog.hosts import interface_of, node_address
 from gnnserve.deploy.fog.links import entered
 from gnnserve.deploy.fog.partition import FogPartition
 from gnnserve.deploy.fog.upload import Receiver
@@ -112,7 +112,7 @@ class FogNode:
         """(this node's routable address, a port free there): where rank 0 hosts the group's
         rendezvous store."""
         address = node_address()
-        return address, free_port_on(address)
+        return address, free_port(address)
 
     def address(self) -> str:
         """The address of the machine (Ray node) this fog runs on."""

@@ -18,11 +18,10 @@ import contextlib
 import fcntl
 import os
 import re
-import time
 import uuid
 from pathlib import Path
 
-from gnnserve.deploy.fog.testbed import CPU_ROOT, GROUP, TestbedError, _run
+from gnnserve.deploy.fog.testbed import CPU_ROOT, GROUP, TestbedError, _run, remove_cpu_group
 
 SLOTS = 25  # deployments side by side on one host
 SLOT_DIR = Path(os.environ.get("GNNSERVE_RUN_DIR", "/run/gnnserve")) / "fog"
@@ -110,22 +109,11 @@ def remove_leftovers(index: int) -> list[str]:
     return removed
 
 
-def _remove_cgroups(parent: Path, timeout_s: float = 10.0) -> list[str]:
+def _remove_cgroups(parent: Path) -> list[str]:
     """Remove ``parent`` and its child groups, moving any process left in them to the root."""
     if not parent.is_dir():
         return []
-    children = [p for p in parent.iterdir() if p.is_dir()]
-    deadline = time.monotonic() + timeout_s
-    for group in [*children, parent]:
-        while True:
-            for pid in (group / "cgroup.procs").read_text().split():
-                with contextlib.suppress(OSError):
-                    (CPU_ROOT / "cgroup.procs").write_text(pid)
-            try:
-                group.rmdir()
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.05)
-    return [str(g.relative_to(CPU_ROOT)) for g in [*children, parent]]
+    groups = [*(p for p in parent.iterdir() if p.is_dir()), parent]
+    for group in groups:
+        remove_cpu_group(group)
+    return [str(g.relative_to(CPU_ROOT)) for g in groups]

@@ -86,6 +86,23 @@ def _check_cores(cores: float) -> None:
         raise InvalidInputError(f"cores must lie in [0.01, 1024], got {cores}", "cores")
 
 
+def remove_cpu_group(path: Path, timeout_s: float = 10.0) -> None:
+    """Move the processes of cgroup ``path`` back to the root group and remove it (retrying
+    while a process that is being killed still holds it)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        for pid in (path / "cgroup.procs").read_text().split():
+            with contextlib.suppress(OSError):  # exited meanwhile
+                (CPU_ROOT / "cgroup.procs").write_text(pid)
+        try:
+            path.rmdir()
+            return
+        except OSError as exc:
+            if exc.errno != errno.EBUSY or time.monotonic() > deadline:
+                raise TestbedError(f"cannot remove cgroup {path}: {exc}") from exc
+            time.sleep(0.05)
+
+
 class CpuQuota:
     """A cgroup v1 CPU quota of ``cores`` CPUs for the processes added to it, named ``name``
     under ``group``."""
@@ -117,20 +134,8 @@ class CpuQuota:
         (self.path / "cgroup.procs").write_text(str(int(pid)))
 
     def close(self, timeout_s: float = 10.0) -> None:
-        """Move the group's processes back to the root group and remove it (retrying while a
-        process that is being killed still holds it)."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            for pid in (self.path / "cgroup.procs").read_text().split():
-                with contextlib.suppress(OSError):  # exited meanwhile
-                    (CPU_ROOT / "cgroup.procs").write_text(pid)
-            try:
-                self.path.rmdir()
-                return
-            except OSError as exc:
-                if exc.errno != errno.EBUSY or time.monotonic() > deadline:
-                    raise TestbedError(f"cannot remove cgroup {self.path}: {exc}") from exc
-                time.sleep(0.05)
+        """Move the group's processes back to the root group and remove it."""
+        remove_cpu_group(self.path, timeout_s)
 
     def __enter__(self) -> CpuQuota:
         return self
