@@ -82,6 +82,7 @@ SERVE_FLAGS: tuple[tuple[str, str], ...] = (
     ("--nodes", "deploy.nodes"),
     ("--fog-mode", "deploy.fog_mode"),
     ("--fog-codec", "deploy.fog_codec"),
+    ("--fog-accuracy-budget", "deploy.fog_accuracy_budget"),
     ("--reprofile", "deploy.fog_reprofile"),
 )
 

@@ -288,11 +288,19 @@ class DeployConfig(_Strict):
         "function when --max-instances is not given (default: this machine's cores; 0: no cap)",
     )
     nodes: str = Field("", description="fog: YAML of the nodes (name, cores, link, fog_link)")
-    fog_codec: Literal["auto", "lossless", "daq"] = Field(
+    fog_codec: Literal["auto", "lossless", "daq", "column"] = Field(
         "auto",
-        description="fog: fograph upload codec: lossless (float32 + LZ4, exact) | daq (degree-"
-        "aware 8/16/32-bit rows + LZ4, smaller, rounds readings) | auto (lossless when every "
-        "reading is an integer, else daq)",
+        description="fog: fograph upload codec: lossless (float32 + LZ4, exact) | daq (Fograph's "
+        "degree-aware 8/16/32-bit rows + LZ4) | column (per-column 4/8/16-bit codes, widths "
+        "chosen at start-up by --fog-accuracy-budget) | auto (lossless when every reading is "
+        "an integer, else column)",
+    )
+    fog_accuracy_budget: float = Field(
+        0.1,
+        ge=0,
+        le=100,
+        description="fog: the column codec's budget: the percent of vertices whose answer may "
+        "differ from float32 readings' (measured on the start-up readings)",
     )
     fog_reprofile: bool = Field(
         False,

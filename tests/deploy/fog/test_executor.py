@@ -97,6 +97,6 @@ def test_auto_codec_is_lossless_for_integer_readings_only() -> None:
 
     counts = np.array([[0.0, 1.0, 2.0], [3.0, -4.0, 0.0]], np.float32)
     assert upload_codec("auto", counts) == "lossless"
-    assert upload_codec("auto", counts + np.float32(0.5)) == "daq"
+    assert upload_codec("auto", counts + np.float32(0.5)) == "column"
     assert upload_codec("daq", counts) == "daq"  # asked for: kept
     assert upload_codec("lossless", counts + np.float32(0.5)) == "lossless"

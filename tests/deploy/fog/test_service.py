@@ -15,7 +15,7 @@ from gnnserve.data.generators import sbm
 from gnnserve.data.writer import write_store
 from gnnserve.deploy.fog.service import FogService, NodeSpec
 from gnnserve.deploy.fog.testbed import _run
-from gnnserve.deploy.fog.upload import HEADER, encode_chunk
+from gnnserve.deploy.fog.upload import HEADER, UNPACKERS, codec_id, encode_chunk
 from gnnserve.features.codecs import unpack
 from gnnserve.graph import open_graph_store
 from gnnserve.graph.base import GraphStore
@@ -68,8 +68,8 @@ def _received(svc: FogService, x: np.ndarray, membership: np.ndarray) -> np.ndar
         bounds = np.linspace(0, vertices.size, svc.chunks + 1).astype(int)
         for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
             rows = vertices[lo:hi]
-            blob = encode_chunk(0, 0, 1, 0, x[rows], svc.bits[rows])
-            out[rows] = unpack(blob[HEADER.size :])
+            blob = encode_chunk(0, 0, 1, 0, x[rows], svc.bits[rows], svc.wire_codec)
+            out[rows] = UNPACKERS[codec_id(svc.wire_codec)](blob[HEADER.size :])
     return out
 
 
@@ -107,14 +107,18 @@ def test_raw_modes_answer_full_precision_inference_side_by_side(graph, ray_insta
 def test_fograph_answers_on_the_decoded_uploads_before_and_after_a_migration(
     graph, ray_instance
 ) -> None:  # type: ignore[no-untyped-def]
+    """The column codec at its coarsest (a budget every width meets: 4 bits everywhere), through
+    the device processes and a re-placement's new widths."""
     model = _model(hidden=1024)  # rounds of several ms: a quota cut shows above timer noise
-    options = {"slack": 1.2, "min_excess_ms": 3.0}
+    options = {"slack": 1.2, "min_excess_ms": 3.0, "codec": "column", "accuracy_budget_pts": 100}
     with FogService(model, graph, _readings(1), NODES, "fograph", **options) as svc:  # type: ignore[arg-type]
+        assert svc.wire_codec == "column" and svc.bits is not None and (svc.bits == 4).all()
         x = _readings(3)
         report = svc.round(x)
         want = _reference(model, graph, _received(svc, x, svc.membership))
         np.testing.assert_allclose(report.logits, want, atol=1e-5)
-        assert report.bytes_uploaded < report.raw_bytes
+        assert report.bytes_uploaded < report.raw_bytes / 5  # 4 of 32 bits, and the headers
+        assert np.abs(_reference(model, graph, x) - report.logits).max() > 1e-3  # not float32's
         if svc.quotas[2] is None:
             pytest.skip("no CPU quotas on this machine: cannot script a load change")
         svc.set_cores(2, 0.05)  # background load on the strong node
@@ -166,9 +170,10 @@ def test_lossless_uploads_are_exact_and_a_slow_round_is_warned_once(
 
 def _received_with_daq(graph: GraphStore, x: np.ndarray) -> np.ndarray:
     """``x`` after a DAQ upload with fograph's default widths for this graph's degrees."""
-    from gnnserve.deploy.fog.service import FLOAT32_DAQ_BITS, _upload_bits
+    from gnnserve.deploy.fog.quantizer import upload_widths
 
-    bits = _upload_bits(np.diff(graph.csr()[0]), True, "daq", FLOAT32_DAQ_BITS)
+    indptr, indices = graph.csr()
+    bits = upload_widths(_model(), indptr, indices, x, True, "daq").bits
     assert bits is not None and (bits == 8).any()
     blob = encode_chunk(0, 0, 1, 0, x, bits)
     return unpack(blob[HEADER.size :])

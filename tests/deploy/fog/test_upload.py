@@ -1,4 +1,5 @@
-"""Collection over real TCP: device-group processes upload chunks (DAQ + LZ4 or raw) to a
+"""Collection over real TCP: device-group processes upload chunks (DAQ + LZ4, the column
+codec, or raw) to a
 receiver, which applies exactly the decoded rows; torn or foreign uploads are refused with a
 typed error and nothing of them is applied."""
 
@@ -10,9 +11,9 @@ import numpy as np
 import pytest
 
 from gnnserve.deploy.fog.devices import DeviceGroup
-from gnnserve.deploy.fog.upload import HEADER, Receiver, encode_chunk
+from gnnserve.deploy.fog.upload import HEADER, UNPACKERS, Receiver, codec_id, encode_chunk
 from gnnserve.errors import InvalidInputError
-from gnnserve.features.codecs import unpack
+from gnnserve.features.column_codec import column_bits
 from gnnserve.features.quantize import DaqConfig, bits_per_vertex
 
 ROWS, F = 500, 24
@@ -25,19 +26,30 @@ def _readings(seed: int) -> np.ndarray:
     return x
 
 
-def _expected(values: np.ndarray, bits: np.ndarray | None, chunks: int) -> np.ndarray:
+def _expected(
+    values: np.ndarray, bits: np.ndarray | None, chunks: int, codec: str = "daq"
+) -> np.ndarray:
     """What the fog must hold: each chunk decoded on its own (raw: the values)."""
     if bits is None:
         return values
     bounds = np.linspace(0, ROWS, chunks + 1).astype(int)
     out = np.empty_like(values)
     for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
-        blob = encode_chunk(0, 0, 1, lo, values[lo:hi], bits[lo:hi])
-        out[lo:hi] = unpack(blob[HEADER.size :])
+        blob = encode_chunk(0, 0, 1, lo, values[lo:hi], bits[lo:hi], codec)
+        out[lo:hi] = UNPACKERS[codec_id(codec)](blob[HEADER.size :])
     return out
 
 
-@pytest.mark.parametrize("codec", ["daq", "raw"])
+def _widths(codec: str, degrees: np.ndarray) -> np.ndarray | None:
+    if codec == "raw":
+        return None
+    if codec == "column":
+        return column_bits(degrees, (16, 8, 8, 4))
+    config = DaqConfig.for_degrees(degrees, bits=(32, 32, 16, 8))  # float32 readings: 32 is full
+    return bits_per_vertex(degrees, config)
+
+
+@pytest.mark.parametrize("codec", ["daq", "raw", "column"])
 def test_device_groups_upload_what_the_fog_applies(codec: str) -> None:
     held = np.zeros((ROWS, F), np.float32)
 
@@ -46,23 +58,30 @@ def test_device_groups_upload_what_the_fog_applies(codec: str) -> None:
 
     receiver = Receiver("127.0.0.1", apply, groups=1)
     degrees = np.random.default_rng(0).zipf(1.8, ROWS)
-    config = DaqConfig.for_degrees(degrees, bits=(32, 32, 16, 8))  # float32 readings: 32 is full
-    bits = bits_per_vertex(degrees, config) if codec == "daq" else None
-    group = DeviceGroup("127.0.0.1", receiver.port, bits, chunks=3)
+    bits = _widths(codec, degrees)
+    group = DeviceGroup("127.0.0.1", receiver.port, bits, chunks=3, codec=codec)
     try:
         for round_id in (1, 2):
             values = _readings(round_id)
             group.start_round(round_id, values)
             receiver.wait(round_id, timeout_s=60)
             report = group.finish_round()
-            np.testing.assert_array_equal(held, _expected(values, bits, 3))
+            np.testing.assert_array_equal(held, _expected(values, bits, 3, codec))
+            if codec == "column":  # 4-bit rows are not float32's: the codec really ran
+                assert np.abs(held - values).max() > 1e-3
             raw_bytes = values.nbytes + 3 * HEADER.size
             bounds = np.linspace(0, ROWS, 4).astype(int)
             sent = sum(
                 len(
                     encode_chunk(
-                        round_id, i, 3, lo, values[lo:hi], None if bits is None else bits[lo:hi]
-                    )
+                        round_id,
+                        i,
+                        3,
+                        lo,
+                        values[lo:hi],
+                        None if bits is None else bits[lo:hi],
+                        codec,
+                    )  # fmt: skip
                 )
                 for i, (lo, hi) in enumerate(zip(bounds[:-1], bounds[1:], strict=True))
             )

@@ -18,7 +18,8 @@ from gnnserve.errors import GnnServeError
 class DeviceGroup:
     """The sensors of one fog as one uploading process.
 
-    ``bits``: per-row DAQ bitwidths (None: raw float32 uploads, no compression); ``link``: the
+    ``bits``: per-row widths for ``codec`` (daq | column; None: raw float32 uploads, no
+    compression); ``link``: the
     testbed link it sends over (None: loopback, no shaping); ``port``/``host``: the fog's
     receiver. Rows are the fog's owned vertices in ascending id order from row ``offset``.
     """
@@ -31,13 +32,14 @@ class DeviceGroup:
         link: Link | None = None,
         chunks: int = 4,
         offset: int = 0,
+        codec: str = "daq",
     ) -> None:
         self._dir = tempfile.TemporaryDirectory(prefix="gnnserve-fog-dev-")
         cmd = [sys.executable, "-m", "gnnserve.deploy.fog.upload", "--connect", f"{host}:{port}"]
         cmd += ["--chunks", str(chunks), "--offset", str(offset)]
         if bits is not None:
             np.save(Path(self._dir.name) / "bits.npy", np.asarray(bits, np.uint8))
-            cmd += ["--bits", str(Path(self._dir.name) / "bits.npy")]
+            cmd += ["--bits", str(Path(self._dir.name) / "bits.npy"), "--codec", codec]
         if link is not None:
             cmd += ["--delay-ms", str(link.sender_delay_ms)]
             cmd = link.argv(*cmd)
@@ -97,7 +99,7 @@ def regions(
 class DeviceFleet:
     """Every device group of a deployment: group g uploads ``regions[g]``'s vertices to fog
     ``regions[g][0]`` at ``hosts[g]``:``ports[fog]`` over ``links[g]``, DAQ widths from
-    ``bits`` (per vertex; None: raw). Close with :meth:`close`."""
+    ``bits`` (per vertex; None: raw) for ``codec``. Close with :meth:`close`."""
 
     def __init__(
         self,
@@ -107,13 +109,16 @@ class DeviceFleet:
         links: list[Link | None],
         bits: np.ndarray | None,
         chunks: int,
+        codec: str = "daq",
     ) -> None:
         self.regions, self.bits = regions, bits
         self.groups: list[DeviceGroup] = []
         try:
             for (fog, vertices, offset), host, link in zip(regions, hosts, links, strict=True):
                 widths = None if bits is None else bits[vertices]
-                self.groups.append(DeviceGroup(host, ports[fog], widths, link, chunks, offset))
+                self.groups.append(
+                    DeviceGroup(host, ports[fog], widths, link, chunks, offset, codec)
+                )
         except BaseException:
             self.close()
             raise

@@ -84,6 +84,7 @@ class FogExecutor(Executor):
         self.service = FogService(
             ctx.runner.model, ctx.graph, readings, self.nodes, mode, codec=codec,
             profiles=ProfileCache(), reprofile=ctx.config.deploy.fog_reprofile,
+            accuracy_budget_pts=ctx.config.deploy.fog_accuracy_budget,
         )  # fmt: skip
         log.info(
             "fog: %d nodes (%s%s) ready in %.1f s",
@@ -182,7 +183,8 @@ class FogExecutor(Executor):
 
 def upload_codec(setting: str, readings: np.ndarray) -> str:
     """The fograph upload codec for ``deploy.fog_codec``: ``auto`` is lossless when every
-    reading is integer-valued (counts, states: DAQ's 8-bit rows would round them), else DAQ."""
+    reading is integer-valued (counts, states: quantized codes would round them), else the
+    column codec (continuous readings, widths by the accuracy budget)."""
     if setting != "auto":
         return setting
-    return "lossless" if bool(np.all(readings == np.round(readings))) else "daq"
+    return "lossless" if bool(np.all(readings == np.round(readings))) else "column"

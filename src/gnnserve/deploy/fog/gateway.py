@@ -37,9 +37,11 @@ def send_round(
     chunks: int = 4,
     offset: int = 0,
     timeout_s: float = 60.0,
+    codec: str = "daq",
 ) -> int:
     """Upload ``readings`` (float32 [rows, F]) as round ``round_id`` to the receiver at
-    ``address``; returns the bytes sent."""
+    ``address``, packed by ``codec`` at the per-row widths ``bits`` (None: raw float32);
+    returns the bytes sent."""
     values = np.ascontiguousarray(readings, np.float32)
     if values.ndim != 2 or not np.isfinite(values).all():
         raise InvalidInputError("readings must be a finite float32 [rows, F] array", "readings")
@@ -49,7 +51,7 @@ def send_round(
         )
     if round_id < 1 or chunks < 1 or offset < 0:
         raise InvalidInputError("round and chunks must be >= 1, offset >= 0", "round")
-    payload = encode_round(round_id, values, bits, chunks, offset)
+    payload = encode_round(round_id, values, bits, chunks, offset, codec)
     with socket.create_connection(address, timeout=timeout_s) as conn:
         for chunk in payload:
             conn.sendall(chunk)
@@ -61,7 +63,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--to", required=True, help="HOST:PORT of the fog's receiver (gateway plan)")
     p.add_argument("--readings", required=True, help=".npy float32 [rows, F], ascending ids")
     p.add_argument("--round", type=int, required=True, help="round number (1, 2, ...)")
-    p.add_argument("--bits", default=None, help=".npy of per-row DAQ widths (absent: raw)")
+    p.add_argument("--bits", default=None, help=".npy of per-row widths (absent: raw)")
+    p.add_argument("--codec", default="daq", help="daq | column: the codec of --bits")
     p.add_argument("--chunks", type=int, default=4, help="chunks per round (default 4)")
     p.add_argument("--offset", type=int, default=0, help="fog row of the first reading")
     p.set_defaults(func=run)
@@ -74,7 +77,13 @@ def run(args: argparse.Namespace) -> int:
         readings = np.load(Path(args.readings))
         bits = None if args.bits is None else np.load(Path(args.bits)).astype(np.uint8)
         sent = send_round(
-            parse_address(args.to), args.round, readings, bits, args.chunks, args.offset
+            parse_address(args.to),
+            args.round,
+            readings,
+            bits,
+            args.chunks,
+            args.offset,
+            codec=args.codec,
         )
     except (InvalidInputError, ValueError, OSError) as exc:
         unreachable = isinstance(exc, OSError) and not isinstance(exc, FileNotFoundError)

@@ -18,7 +18,7 @@ import numpy as np
 from gnnserve.deploy.fog.planner import ExecutionPlan, FogSpec, metis_parts, plan
 from gnnserve.deploy.fog.profile_cache import Profile
 from gnnserve.deploy.fog.profiler import halo_sizes, profile_cluster
-from gnnserve.features.codecs import pack
+from gnnserve.deploy.fog.upload import PACKERS, codec_id
 
 log = logging.getLogger(__name__)
 CALIBRATION_SIZES = (0.05, 0.1, 0.2, 0.3)  # calibration subgraph sizes, shares of |V|
@@ -28,8 +28,8 @@ CALIBRATION_PER_SIZE = 4  # subgraphs per size (Fograph: 20; 4 keeps start-up sh
 class FogPlacement:
     """Planning state of ``len(names)`` fog nodes on the graph ``indptr``/``indices`` (CSR of
     in-neighbours). ``features``: float32 [N, F] readings (their packed size is phi);
-    ``bits``: per-vertex DAQ widths (None: raw uploads); ``assign``: iep | greedy | random;
-    ``weighted_parts``: size the parts by the nodes' times (else equal, as in Fograph)."""
+    ``bits``: per-vertex widths for ``codec`` (None: raw uploads); ``assign``: iep | greedy |
+    random; ``weighted_parts``: size the parts by the nodes' times (else equal, as in Fograph)."""
 
     def __init__(
         self,
@@ -41,8 +41,10 @@ class FogPlacement:
         assign: str,
         weighted_parts: bool,
         seed: int = 0,
+        codec: str = "daq",
     ) -> None:
         self.indptr, self.indices, self.features, self.bits = indptr, indices, features, bits
+        self.codec = codec
         self.layers, self.assign, self.weighted, self.seed = layers, assign, weighted_parts, seed
         self.specs: list[FogSpec] = []
         self.vertex_ms = np.empty(0)  # each node's compute ms per vertex
@@ -85,13 +87,14 @@ class FogPlacement:
         ]
 
     def phi(self) -> float:
-        """Bytes one vertex uploads (Eq. 5's phi) as the devices send it: DAQ + LZ4 measured on
+        """Bytes one vertex uploads (Eq. 5's phi) as the devices send it: the codec measured on
         up to 2,000 rows, or raw float32."""
         if self.bits is None:
             return self.features.shape[1] * 4.0
         rng = np.random.default_rng(self.seed)
         rows = np.sort(rng.permutation(self.features.shape[0])[:2000])
-        return len(pack(self.features[rows], self.bits[rows])) / rows.size
+        packer = PACKERS[codec_id(self.codec)]
+        return len(packer(self.features[rows], self.bits[rows])) / rows.size
 
     def parts(self, phi: float) -> np.ndarray:
         """METIS parts for the mapping: sized so that every node's upload + compute per vertex

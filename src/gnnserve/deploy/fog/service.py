@@ -41,19 +41,20 @@ from gnnserve.deploy.fog.links import (
 from gnnserve.deploy.fog.partition import build_fog_partitions, symmetric_adjacency
 from gnnserve.deploy.fog.placement import FogPlacement
 from gnnserve.deploy.fog.profile_cache import ProfileCache, profile_key
+from gnnserve.deploy.fog.quantizer import FLOAT32_DAQ_BITS, upload_widths
 from gnnserve.deploy.fog.scheduler import Decision, schedule
 from gnnserve.deploy.fog.slots import Slot, claim_slot
 from gnnserve.deploy.fog.testbed import CpuQuota, probe
 from gnnserve.errors import InvalidInputError
-from gnnserve.features.quantize import DaqConfig, bits_per_vertex
 from gnnserve.graph.base import GraphStore
 from gnnserve.models.zoo import GNN
 
 log = logging.getLogger(__name__)
 MODES = ("fograph", "strawman", "cloud")
-CODECS = ("daq", "lossless")  # fograph uploads: DAQ + LZ4, or every row float32 + LZ4 (exact)
+# fograph uploads: DAQ + LZ4 (binary readings), every row float32 + LZ4 (exact), or the column
+# codec at widths chosen by a measured accuracy budget (continuous readings)
+CODECS = ("daq", "lossless", "column")
 SLOW_ROUND = 3.0  # a round this many times the plan's prediction is logged as a warning
-FLOAT32_DAQ_BITS = (32, 32, 16, 8)  # Fograph's <64,32,16,8> with full precision = float32
 
 
 @dataclass(frozen=True)
@@ -114,6 +115,7 @@ class FogService:
         compress: bool | None = None,
         profiles: ProfileCache | None = None,
         reprofile: bool = False,
+        accuracy_budget_pts: float = 0.1,
     ) -> None:
         if mode not in MODES:
             raise InvalidInputError(f"mode must be one of {MODES}, got {mode!r}", "mode")
@@ -151,7 +153,13 @@ class FogService:
         # the codec: fograph's by default; compress=True gives another mode (the cloud) the
         # same codec, so a comparison isolates the placement from the collection gain
         compress = (mode == "fograph") if compress is None else compress
-        self.bits = _upload_bits(np.diff(self.indptr), compress, codec, daq_bits)
+        widths = upload_widths(
+            model, self.indptr, self.indices, self.features, compress, codec, daq_bits,
+            accuracy_budget_pts,
+        )  # fmt: skip
+        # the per-vertex widths, what the device groups pack with (daq | column) and the
+        # column codec's calibration
+        self.bits, self.wire_codec, self.quantizer = widths.bits, widths.codec, widths.quantizer
         self._warned_plan = -1  # plan version of the last slow-round warning
         self.placement = FogPlacement(
             self.indptr,
@@ -162,6 +170,7 @@ class FogService:
             self.assign,
             mode == "fograph" and weighted_parts,
             seed,
+            self.wire_codec,
         )
         self.version, self._round = 0, 0
         self.slow_rounds = 0  # rounds that took SLOW_ROUND x the prediction or more
@@ -297,14 +306,17 @@ class FogService:
         where = self._regions()
         links = [self.links[fog] for fog, _, _ in where]
         hosts = [self._host(fog) for fog, _, _ in where]
-        self.fleet = DeviceFleet(where, hosts, self.ports, links, self.bits, self.chunks)
+        self.fleet = DeviceFleet(
+            where, hosts, self.ports, links, self.bits, self.chunks, self.wire_codec
+        )
 
     # ------------------------------------------------------------------ serving
 
     def gateway_plan(self) -> list[dict[str, Any]]:
         """Per device group, what a gateway uploads: ``fog``, ``to`` (HOST:PORT of its
         receiver), ``vertices`` (int64, ascending: the rows of its readings), ``offset`` (fog
-        row of the first) and ``bits`` (per-row DAQ widths, or None: raw)."""
+        row of the first), ``bits`` (per-row widths, or None: raw) and ``codec`` (what the
+        widths are for: ``gnnserve fog upload --codec``)."""
         return [
             {
                 "fog": fog,
@@ -312,6 +324,7 @@ class FogService:
                 "vertices": vertices,
                 "offset": offset,
                 "bits": None if self.bits is None else self.bits[vertices],
+                "codec": self.wire_codec,
             }
             for fog, vertices, offset in self._regions()
         ]
@@ -430,15 +443,3 @@ class FogService:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _upload_bits(
-    degrees: np.ndarray, compress: bool, codec: str, daq_bits: tuple[int, int, int, int]
-) -> np.ndarray | None:
-    """Per-vertex upload widths: None (raw float32) without ``compress``; DAQ's degree-aware
-    widths, or 32 bits for every row (lossless: LZ4 alone)."""
-    if not compress:
-        return None
-    if codec == "lossless":
-        return np.full(degrees.size, 32, dtype=np.uint8)
-    return bits_per_vertex(degrees, DaqConfig.for_degrees(degrees, daq_bits))

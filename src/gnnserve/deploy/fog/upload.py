@@ -4,14 +4,16 @@ receiver thread as chunks arrive (pipelined with the rest of the upload).
 
 A device group is a process (``python -m gnnserve.deploy.fog.upload``; in a testbed link's
 network namespace) holding the sensors of one fog. It reads command lines on stdin:
-``bits <path of an .npy>`` installs new per-row DAQ widths (after a re-placement; answers
+``bits <path of an .npy>`` installs new per-row widths (after a re-placement; answers
 ``{"bits": rows}``); per round, ``<round> <path of an .npy of its rows' readings>`` splits the
-rows into chunks, packs each (DAQ + LZ4 with the per-row bits, or raw float32), waits the
+rows into chunks, packs each (with the per-row widths: DAQ + LZ4 for binary readings, the
+column codec for continuous ones; or raw float32), waits the
 link's sender delay once, sends them, and answers one JSON line on stdout (bytes sent, pack and
 send ms).
 
 Wire format per chunk: header ``<4sQIIQIIBQ>`` (magic ``GFU1``, round, chunk index, chunk count,
-first row, rows, feature width, codec 0 raw / 1 DAQ, payload bytes), then the payload.
+first row, rows, feature width, codec 0 raw / 1 DAQ / 2 column, payload bytes), then the
+payload.
 """
 
 from __future__ import annotations
@@ -29,33 +31,57 @@ import numpy as np
 
 from gnnserve.errors import InvalidInputError
 from gnnserve.features.codecs import pack, unpack
+from gnnserve.features.column_codec import pack_columns, unpack_columns
 
 HEADER = struct.Struct("<4sQIIQIIBQ")
 MAGIC = b"GFU1"
-RAW, DAQ = 0, 1
+RAW, DAQ, COLUMN = 0, 1, 2
+CODEC_IDS = {"daq": DAQ, "column": COLUMN}  # the quantizing codecs, by name
+PACKERS: dict[int, Callable[[np.ndarray, np.ndarray], bytes]] = {DAQ: pack, COLUMN: pack_columns}
+UNPACKERS: dict[int, Callable[[bytes], np.ndarray]] = {DAQ: unpack, COLUMN: unpack_columns}
 MAX_PAYLOAD = 1 << 31
 
 
+def codec_id(name: str) -> int:
+    """The wire id of a quantizing codec (``daq`` | ``column``); InvalidInputError otherwise."""
+    if name not in CODEC_IDS:
+        raise InvalidInputError(f"codec must be one of {sorted(CODEC_IDS)}, got {name!r}", "codec")
+    return CODEC_IDS[name]
+
+
 def encode_chunk(
-    round_id: int, index: int, count: int, start: int, values: np.ndarray, bits: np.ndarray | None
+    round_id: int,
+    index: int,
+    count: int,
+    start: int,
+    values: np.ndarray,
+    bits: np.ndarray | None,
+    codec: str = "daq",
 ) -> bytes:
-    """One chunk on the wire: rows ``values`` (float32 [n, F]) starting at local row ``start``."""
+    """One chunk on the wire: rows ``values`` (float32 [n, F]) starting at local row ``start``,
+    packed by ``codec`` at the per-row widths ``bits`` (None: raw float32)."""
     values = np.ascontiguousarray(values, np.float32)
-    payload = values.tobytes() if bits is None else pack(values, bits)
-    codec = RAW if bits is None else DAQ
+    codec_no = RAW if bits is None else codec_id(codec)
+    payload = values.tobytes() if bits is None else PACKERS[codec_no](values, bits)
     n, dim = values.shape
-    return HEADER.pack(MAGIC, round_id, index, count, start, n, dim, codec, len(payload)) + payload
+    head = HEADER.pack(MAGIC, round_id, index, count, start, n, dim, codec_no, len(payload))
+    return head + payload
 
 
 def encode_round(
-    round_id: int, values: np.ndarray, bits: np.ndarray | None, chunks: int, offset: int = 0
+    round_id: int,
+    values: np.ndarray,
+    bits: np.ndarray | None,
+    chunks: int,
+    offset: int = 0,
+    codec: str = "daq",
 ) -> list[bytes]:
     """A round's rows (float32 [rows, F], local rows from ``offset``) as ``chunks`` chunks."""
     bounds = np.linspace(0, values.shape[0], max(1, chunks) + 1).astype(int)
     return [
         encode_chunk(
             round_id, i, len(bounds) - 1, offset + int(lo), values[lo:hi],
-            None if bits is None else bits[lo:hi],
+            None if bits is None else bits[lo:hi], codec,
         )
         for i, (lo, hi) in enumerate(zip(bounds[:-1], bounds[1:], strict=True))
     ]  # fmt: skip
@@ -80,7 +106,7 @@ def read_chunk(conn: socket.socket) -> tuple[int, int, int, int, np.ndarray] | N
     if len(head) < HEADER.size:
         raise InvalidInputError("upload ended inside a chunk header", "upload")
     magic, rnd, index, count, start, n, dim, codec, size = HEADER.unpack(head)
-    if magic != MAGIC or codec not in (RAW, DAQ) or size > MAX_PAYLOAD or index >= count:
+    if magic != MAGIC or codec not in (RAW, *UNPACKERS) or size > MAX_PAYLOAD or index >= count:
         raise InvalidInputError("not a fog upload chunk (bad magic, codec or sizes)", "upload")
     payload = _read_exact(conn, size) if size else b""
     if payload is None or len(payload) < size:
@@ -90,7 +116,7 @@ def read_chunk(conn: socket.socket) -> tuple[int, int, int, int, np.ndarray] | N
             raise InvalidInputError("raw chunk size does not match its rows", "upload")
         values = np.frombuffer(payload, np.float32).reshape(n, dim)
     else:
-        values = unpack(payload)
+        values = UNPACKERS[codec](payload)
         if values.shape != (n, dim):
             raise InvalidInputError("packed chunk shape does not match its header", "upload")
     return rnd, index, count, start, values
@@ -168,7 +194,8 @@ def device_main(argv: list[str] | None = None) -> int:
     """The device-group process (see the module doc)."""
     p = argparse.ArgumentParser(description="gnnserve fog device group (uploads readings)")
     p.add_argument("--connect", required=True, help="host:port of the fog's receiver")
-    p.add_argument("--bits", default=None, help=".npy of per-row DAQ bits (absent: raw)")
+    p.add_argument("--bits", default=None, help=".npy of per-row widths (absent: raw)")
+    p.add_argument("--codec", default="daq", choices=sorted(CODEC_IDS), help="for --bits")
     p.add_argument("--chunks", type=int, default=4)
     p.add_argument("--delay-ms", type=float, default=0.0, help="one-way delay to add per round")
     p.add_argument("--offset", type=int, default=0, help="fog row of this group's first row")
@@ -185,7 +212,7 @@ def device_main(argv: list[str] | None = None) -> int:
             continue
         values = np.load(path.strip())
         t0 = time.perf_counter()
-        chunks = encode_round(int(round_text), values, bits, args.chunks, args.offset)
+        chunks = encode_round(int(round_text), values, bits, args.chunks, args.offset, args.codec)
         t1 = time.perf_counter()
         time.sleep(args.delay_ms / 1e3)
         for chunk in chunks:

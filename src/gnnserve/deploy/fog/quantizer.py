@@ -1,0 +1,151 @@
+"""Choosing the continuous-readings quantizer per deployment by a measured accuracy budget
+(issue 28 part 4).
+
+The candidates (:data:`LADDER`) give each degree quartile a width of 16, 8 or 4 bits (low
+degrees first), from the fewest bytes to the most. For each, the start-up readings are
+quantized as the devices would send them (:func:`~gnnserve.features.column_codec.column_round_trip`,
+one range per column over all rows: a device's chunk has narrower ranges, so the fog sees at
+least this precision) and the model runs on the whole graph; the first candidate whose answers
+differ from float32's on at most ``budget_pts`` percent of the vertices is chosen. A changed
+answer is the strict measure: accuracy on any labelled set moves by at most the share of its
+answers that changed. When no candidate fits, the choice is lossless (float32 + LZ4).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from gnnserve.errors import InvalidInputError
+from gnnserve.features.column_codec import column_bits, column_round_trip, pack_columns
+from gnnserve.features.quantize import DaqConfig, bits_per_vertex
+from gnnserve.models.zoo import GNN
+
+log = logging.getLogger(__name__)
+FLOAT32_DAQ_BITS = (32, 32, 16, 8)  # Fograph's <64,32,16,8> with full precision = float32
+LADDER: tuple[tuple[int, int, int, int], ...] = (
+    (4, 4, 4, 4),
+    (8, 4, 4, 4),
+    (8, 8, 4, 4),
+    (8, 8, 8, 4),
+    (8, 8, 8, 8),
+    (16, 8, 8, 8),
+    (16, 16, 8, 8),
+    (16, 16, 16, 16),
+)
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One candidate's measurement."""
+
+    widths: tuple[int, int, int, int]  # bits per degree quartile, low degrees first
+    changed_pts: float  # percent of vertices whose answer (argmax) differs from float32's
+    packed_ratio: float  # float32 bytes / packed bytes of all readings
+
+
+@dataclass(frozen=True)
+class QuantizerChoice:
+    """The chosen widths (None: no candidate within budget, upload lossless), the per-row bits
+    they give (uint8 [N]) and every trial in ladder order up to the choice."""
+
+    widths: tuple[int, int, int, int] | None
+    bits: np.ndarray | None
+    budget_pts: float
+    trials: list[Trial] = field(default_factory=list)
+    took_s: float = 0.0
+
+    @property
+    def packed_ratio(self) -> float:
+        """float32 bytes / packed bytes of the choice (1.0 when lossless was chosen)."""
+        return self.trials[-1].packed_ratio if self.widths is not None else 1.0
+
+
+def full_graph_answers(
+    model: GNN, indptr: np.ndarray, indices: np.ndarray, features: np.ndarray
+) -> np.ndarray:
+    """The model's argmax per vertex on the whole graph (CSR of in-neighbours), int64 [N]."""
+    dst = np.repeat(np.arange(indptr.size - 1), np.diff(indptr))
+    edges = torch.from_numpy(np.stack([np.asarray(indices, np.int64), dst]))
+    with torch.inference_mode():
+        out = model.eval()(torch.from_numpy(np.asarray(features, np.float32)), edges)
+    return out.argmax(1).numpy()
+
+
+def choose_widths(
+    model: GNN,
+    indptr: np.ndarray,
+    indices: np.ndarray,
+    features: np.ndarray,
+    budget_pts: float = 0.1,
+    ladder: tuple[tuple[int, int, int, int], ...] = LADDER,
+) -> QuantizerChoice:
+    """The fewest-bytes widths of ``ladder`` whose answers change on at most ``budget_pts``
+    percent of the vertices (see the module doc); logs each trial."""
+    if not 0 <= budget_pts <= 100:
+        raise InvalidInputError(f"budget_pts must be in [0, 100], got {budget_pts}", "budget_pts")
+    t0 = time.perf_counter()
+    degrees = np.diff(indptr)
+    reference = full_graph_answers(model, indptr, indices, features)
+    raw_bytes = features.shape[0] * features.shape[1] * 4
+    trials: list[Trial] = []
+    for widths in ladder:
+        bits = column_bits(degrees, widths)
+        seen = column_round_trip(features, bits)
+        changed = float(np.mean(full_graph_answers(model, indptr, indices, seen) != reference))
+        ratio = raw_bytes / max(1, len(pack_columns(features, bits)))
+        trials.append(Trial(widths, 100.0 * changed, ratio))
+        log.info("fog quantizer %s: %.3f%% answers changed, %.2fx", widths, 100 * changed, ratio)
+        if 100.0 * changed <= budget_pts:
+            return QuantizerChoice(widths, bits, budget_pts, trials, time.perf_counter() - t0)
+    return QuantizerChoice(None, None, budget_pts, trials, time.perf_counter() - t0)
+
+
+@dataclass(frozen=True)
+class UploadWidths:
+    """How the device groups upload: per-vertex widths (None: raw float32), the codec they are
+    for (daq | column) and the column codec's calibration when it ran."""
+
+    bits: np.ndarray | None
+    codec: str = "daq"
+    quantizer: QuantizerChoice | None = None
+
+
+def upload_widths(
+    model: GNN,
+    indptr: np.ndarray,
+    indices: np.ndarray,
+    features: np.ndarray,
+    compress: bool,
+    codec: str,
+    daq_bits: tuple[int, int, int, int] = FLOAT32_DAQ_BITS,
+    budget_pts: float = 0.1,
+    ladder: tuple[tuple[int, int, int, int], ...] = LADDER,
+) -> UploadWidths:
+    """The widths for a deployment's ``codec``: raw without ``compress``; DAQ's degree-aware
+    widths (``daq``); 32 bits for every row (``lossless``: LZ4 alone); or ``column``, widths
+    chosen from ``ladder`` by :func:`choose_widths` (lossless when none is within
+    ``budget_pts``)."""
+    degrees = np.diff(indptr)
+    if not compress:
+        return UploadWidths(None)
+    choice = None
+    if codec == "column":
+        choice = choose_widths(model, indptr, indices, features, budget_pts, ladder)
+        if choice.bits is not None:
+            log.info(
+                "fog: column codec at %s bits, %.2fx fewer bytes, %.3f%% answers changed "
+                "(budget %.3f%%; chosen in %.1f s)",
+                choice.widths, choice.packed_ratio, choice.trials[-1].changed_pts, budget_pts,
+                choice.took_s,
+            )  # fmt: skip
+            return UploadWidths(choice.bits, "column", choice)
+        log.warning("fog: no column widths within %.3f%% changed answers: lossless", budget_pts)
+        codec = "lossless"
+    if codec == "lossless":
+        return UploadWidths(np.full(degrees.size, 32, dtype=np.uint8), "daq", choice)
+    return UploadWidths(bits_per_vertex(degrees, DaqConfig.for_degrees(degrees, daq_bits)))
