@@ -5,7 +5,11 @@ facebook_pagepage and fb100_cornell5 keep their own sparse binary features, cut 
 dimensions), with their labels; R-MAT 100K vertices / 1M edges gets sparse one-hot features
 (three ones per row) and no labels (its accuracy is reported as agreement with full precision);
 sbm20k (a stochastic block model, 20K vertices, 8 classes) has continuous Gaussian features, on
-which quantization is not exact: the accuracy comparison that binary features cannot give.
+which quantization is not exact: the accuracy comparison that binary features cannot give;
+sbm20k_ts is the same graph with sensor-like time series (:func:`time_series`).
+
+Readings by kind (``KINDS``): binary (the two real graphs, R-MAT), gaussian (sbm20k),
+timeseries (sbm20k_ts).
 """
 
 from __future__ import annotations
@@ -25,7 +29,13 @@ from gnnserve.models.checkpoint import load_checkpoint, save_checkpoint
 from gnnserve.models.train import train
 from gnnserve.models.zoo import GNN, ModelConfig
 
-FEATURES = {"facebook_pagepage": 64, "fb100_cornell5": 64, "rmat100k": 16, "sbm20k": 32}
+FEATURES = {
+    "facebook_pagepage": 64, "fb100_cornell5": 64, "rmat100k": 16, "sbm20k": 32, "sbm20k_ts": 32,
+}  # fmt: skip
+KINDS = {
+    "facebook_pagepage": "binary", "fb100_cornell5": "binary", "rmat100k": "binary",
+    "sbm20k": "gaussian", "sbm20k_ts": "timeseries",
+}  # fmt: skip
 HIDDEN = 64
 
 
@@ -55,11 +65,39 @@ def _top_columns(z: np.lib.npyio.NpzFile, keep: int) -> np.ndarray:
     return x
 
 
+def time_series(y: np.ndarray, length: int, seed: int = 0) -> np.ndarray:
+    """Sensor-like readings, float32 [N, length]: each vertex's last ``length`` samples of
+
+        x_v(t) = m_v + a_c sin(2 pi t / P_c + phi_v) + e_v(t),  e_v(t) = 0.8 e_v(t-1) + 0.5 z
+
+    (z standard normal; e_v starts at its stationary law). The class ``c = y[v]`` (a zone) sets
+    the period ``P_c`` (6 to 20 samples), the amplitude ``a_c`` (0.5 to 2) and the zone's mean
+    level ``1.5 (c - (C - 1) / 2)`` (a deviation from the site's nominal temperature), around
+    which each sensor has its own level ``m_v`` (std 1.5) and phase ``phi_v``: a periodic signal
+    in correlated noise, the shape of an IoT sensor's window, on which rounding is never
+    exact."""
+    rng = np.random.default_rng(seed)
+    classes = int(y.max()) + 1
+    period = np.linspace(6.0, 20.0, classes)[y]
+    amplitude = np.linspace(0.5, 2.0, classes)[rng.permutation(classes)][y]
+    zone = 1.5 * (np.arange(classes) - (classes - 1) / 2)
+    level, phase = rng.normal(zone[y], 1.5), rng.uniform(0, 2 * np.pi, y.size)
+    noise = np.empty((y.size, length))
+    noise[:, 0] = rng.standard_normal(y.size) * 0.5 / np.sqrt(1 - 0.8**2)
+    for t in range(1, length):
+        noise[:, t] = 0.8 * noise[:, t - 1] + 0.5 * rng.standard_normal(y.size)
+    t = np.arange(length)[None, :]
+    wave = amplitude[:, None] * np.sin(2 * np.pi * t / period[:, None] + phase[:, None])
+    return (level[:, None] + wave + noise).astype(np.float32)
+
+
 def load(name: str, work: Path) -> BenchGraph:
     """The graph ``name`` written as a store under ``work`` (once)."""
     store = work / name / "store"
-    if name == "sbm20k":  # continuous (Gaussian) readings: quantization changes them
+    if name in ("sbm20k", "sbm20k_ts"):  # continuous readings: quantization changes them
         data = sbm(num_nodes=20_000, num_classes=8, feature_dim=FEATURES[name], seed=0)
+        if name == "sbm20k_ts":
+            data.x = time_series(data.y, FEATURES[name])
         data.name = name
     elif name == "rmat100k":
         data = rmat(num_nodes=100_000, num_edges=1_000_000, feature_dim=FEATURES[name], seed=0)

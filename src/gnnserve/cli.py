@@ -83,6 +83,7 @@ SERVE_FLAGS: tuple[tuple[str, str], ...] = (
     ("--fog-mode", "deploy.fog_mode"),
     ("--fog-codec", "deploy.fog_codec"),
     ("--fog-accuracy-budget", "deploy.fog_accuracy_budget"),
+    ("--fog-gateways", "deploy.fog_gateways"),
     ("--reprofile", "deploy.fog_reprofile"),
 )
 

@@ -302,6 +302,13 @@ class DeployConfig(_Strict):
         description="fog: the column codec's budget: the percent of vertices whose answer may "
         "differ from float32 readings' (measured on the start-up readings)",
     )
+    fog_gateways: str = Field(
+        "",
+        description="fog: readings come from sensor gateways (`gnnserve fog upload`), not from "
+        "the store: the server writes their plan (plan.json: each group's receiver, rows and "
+        "command) to this directory, runs a round whenever every group has uploaded the next "
+        "one, and answers requests from the latest round (503 until the first)",
+    )
     fog_reprofile: bool = Field(
         False,
         description="fog: measure the nodes and links again at start-up instead of reusing the "

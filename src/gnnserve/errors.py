@@ -101,6 +101,13 @@ class WorkerFailedError(GnnServeError):
     retry_after_s = 1.0
 
 
+class UnavailableError(GnnServeError):
+    """What the request needs is not there yet (e.g. no sensor round has arrived); retry."""
+
+    http_status = 503
+    kind = "unavailable"
+
+
 class DeadlineExceededError(GnnServeError):
     """A request waited in the queue past its deadline and was dropped before compute."""
 

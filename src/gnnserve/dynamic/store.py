@@ -65,15 +65,29 @@ class InvalidLoggedBatchError(StoreFormatError):
 
 
 def _report(
-    listener: UpdateListener, graph: DynamicGraph, added: int, edges: EdgeArrays | None
+    listener: UpdateListener,
+    graph: DynamicGraph,
+    added: int,
+    edges: EdgeArrays | None,
+    upserts: np.ndarray,
 ) -> None:
-    """Tell ``listener`` what a batch changed: new nodes first, then the edge events in order
+    """Tell ``listener`` what a batch changed: new nodes first, then the edge events in order,
+    then (listeners that take them) the existing nodes whose features were rewritten
     (``graph``: the copy that applied it)."""
     if added:
         listener.on_add_nodes(added)
     if edges is not None:
         inserts, srcs, dsts = edges
         listener.on_edge_events(np.where(inserts, INSERT, DELETE), srcs, dsts, graph.neighbors)
+    on_feature_rows = getattr(listener, "on_feature_rows", None)
+    if upserts.size and on_feature_rows is not None:
+        on_feature_rows(upserts)
+
+
+def _upserted(batch: ColumnBatch) -> np.ndarray:
+    """int64 ids of the existing nodes whose features ``batch`` rewrote (repeats possible)."""
+    rows = batch.feature_rows[batch.op[batch.feature_rows] != columns.ADD_NODE]
+    return np.asarray(batch.node[rows], np.int64)
 
 
 def _batches(n: int) -> str:
@@ -263,6 +277,7 @@ class DynamicStore:
         to the other copy."""
         edges = batch.edge_events()  # once, for both copies
         added, first = batch.added, self.graph.num_nodes
+        upserts = _upserted(batch)
 
         def published(replica: GraphReplica) -> None:
             if log_it is not None:
@@ -272,7 +287,7 @@ class DynamicStore:
                 if isinstance(listener, PublishListener):
                     listener.on_published(seq, replica.graph.num_nodes)
                 else:
-                    _report(listener, replica.graph, added, edges)
+                    _report(listener, replica.graph, added, edges, upserts)
 
         def catch_up(behind: GraphReplica, ahead: GraphReplica) -> None:
             self._change(behind, batch, seq, edges, listeners=False)
@@ -281,7 +296,7 @@ class DynamicStore:
                 twin.copy_changes(source, touched)
 
         self._replicas.write(
-            lambda r: self._change(r, batch, seq, edges),
+            lambda r: self._change(r, batch, seq, edges, upserts=upserts),
             published,
             catch_up,
             background=len(batch) >= BACKGROUND_ROWS,
@@ -295,6 +310,7 @@ class DynamicStore:
         seq: int,
         edges: EdgeArrays | None,
         listeners: bool = True,
+        upserts: np.ndarray | None = None,
     ) -> None:
         """Apply ``batch`` (``edges``: its ``edge_events()``) to one copy that no reader holds
         (and to its listeners' copies)."""
@@ -311,7 +327,9 @@ class DynamicStore:
             g.apply_edge_events(*edges)
         g.seq = seq
         for listener in replica.listeners if listeners else ():
-            _report(listener, g, batch.added, edges)
+            _report(
+                listener, g, batch.added, edges, _upserted(batch) if upserts is None else upserts
+            )
 
     def compact(self) -> None:
         """Defragment the adjacency, one copy at a time; readers keep running."""

@@ -36,13 +36,12 @@ class BatchChanges:
 
 
 @numba.njit(nogil=True, cache=True)
-def _expand(out_indptr, out_indices, seeds, with_out, mark, stamp):  # type: ignore[no-untyped-def]
+def _expand(out_start, out_degree, out_indices, seeds, with_out, mark, stamp):  # type: ignore[no-untyped-def]
     """``seeds`` ∪ out(``with_out``) as a sorted unique array; ``mark`` entries equal to
     ``stamp`` flag nodes taken (the caller passes a fresh stamp per call)."""
     total = seeds.shape[0]
     for i in range(with_out.shape[0]):
-        u = with_out[i]
-        total += out_indptr[u + 1] - out_indptr[u]
+        total += out_degree[with_out[i]]
     out = np.empty(total, np.int64)
     n = 0
     for i in range(seeds.shape[0]):
@@ -53,7 +52,7 @@ def _expand(out_indptr, out_indices, seeds, with_out, mark, stamp):  # type: ign
             n += 1
     for i in range(with_out.shape[0]):
         u = with_out[i]
-        for e in range(out_indptr[u], out_indptr[u + 1]):
+        for e in range(out_start[u], out_start[u] + out_degree[u]):
             v = out_indices[e]
             if mark[v] != stamp:
                 mark[v] = stamp
@@ -65,9 +64,11 @@ def _expand(out_indptr, out_indices, seeds, with_out, mark, stamp):  # type: ign
 
 
 class AffectedSets:
-    """Computes ``A_1 .. A_layers`` of each batch on a graph given by its out-adjacency (CSR of
-    out-neighbours: ``out_indices[out_indptr[u]:out_indptr[u + 1]]`` are the ``v`` with
-    ``u -> v``) after the batch. ``degree_normalised``: the model reads in-degrees (GCN)."""
+    """Computes ``A_1 .. A_layers`` of each batch on a graph given by its out-adjacency after
+    the batch, as (row_start, degree, indices): ``indices[row_start[u] : row_start[u] +
+    degree[u]]`` are the ``v`` with ``u -> v`` (a superset of the out-edges gives a superset of
+    the sets: still exact, some rows recomputed for nothing). ``degree_normalised``: the model
+    reads in-degrees (GCN)."""
 
     def __init__(self, layers: int, degree_normalised: bool) -> None:
         if layers < 1:
@@ -84,10 +85,17 @@ class AffectedSets:
         return self._stamp
 
     def compute(
-        self, out_indptr: np.ndarray, out_indices: np.ndarray, changes: BatchChanges
+        self,
+        out_start: np.ndarray,
+        out_degree: np.ndarray,
+        out_indices: np.ndarray,
+        changes: BatchChanges,
+        num_nodes: int | None = None,
     ) -> list[np.ndarray]:
-        """[A_1, ..., A_layers]: sorted int64 node ids per layer (module doc)."""
-        n = out_indptr.size - 1
+        """[A_1, ..., A_layers]: sorted int64 node ids per layer (module doc); ``num_nodes``
+        defaults to ``out_start``'s length (adjacency arrays may have spare rows)."""
+        n = out_start.size if num_nodes is None else int(num_nodes)
+        adjacency = (out_start, out_degree, out_indices)
         ids = lambda a: np.asarray(a, np.int64).reshape(-1)  # noqa: E731
         dsts, feats, added = ids(changes.edge_dsts), ids(changes.features), ids(changes.added)
         for name, a in (("edge_dsts", dsts), ("features", feats), ("added", added)):
@@ -96,32 +104,35 @@ class AffectedSets:
         x = np.concatenate([feats, added])
         seeds = np.concatenate([x, dsts, added])
         with_out = np.concatenate([x, dsts]) if self.degree_normalised else x
-        current = self._expand(out_indptr, out_indices, seeds, with_out)
+        current = self._expand(adjacency, n, seeds, with_out)
         sets = [current]
         for _ in range(1, self.layers):
-            current = self._expand(out_indptr, out_indices, current, current)
+            current = self._expand(adjacency, n, current, current)
             sets.append(current)
         return sets
 
     def _expand(
         self,
-        out_indptr: np.ndarray,
-        out_indices: np.ndarray,
+        adjacency: tuple[np.ndarray, np.ndarray, np.ndarray],
+        num_nodes: int,
         seeds: np.ndarray,
         hop: np.ndarray,
     ) -> np.ndarray:
         """``seeds`` ∪ out(``hop``), sorted."""
-        stamp = self._stamp_for(out_indptr.size - 1)  # first: it may grow the mark array
-        return _expand(out_indptr, out_indices, seeds, hop, self._mark, stamp)  # type: ignore[no-any-return]
+        stamp = self._stamp_for(num_nodes)  # first: it may grow the mark array
+        return _expand(*adjacency, seeds, hop, self._mark, stamp)  # type: ignore[no-any-return]
 
 
-def out_adjacency(indptr: np.ndarray, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The out-neighbour CSR of a graph given by its in-neighbour CSR (a full transpose: for
-    tests and for building the index once; a refresher keeps it current per batch)."""
+def out_adjacency(
+    indptr: np.ndarray, indices: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The out-neighbour adjacency (row_start, degree, indices) of a graph given by its
+    in-neighbour CSR (a full transpose: for tests and for building the index once; a refresher
+    keeps it current per batch)."""
     n = indptr.size - 1
     dst = np.repeat(np.arange(n, dtype=np.int64), np.diff(indptr))
     src = np.asarray(indices, np.int64)
     order = np.argsort(src, kind="stable")
     out_indptr = np.zeros(n + 1, np.int64)
     np.cumsum(np.bincount(src, minlength=n), out=out_indptr[1:])
-    return out_indptr, dst[order]
+    return out_indptr[:-1], np.diff(out_indptr), dst[order]

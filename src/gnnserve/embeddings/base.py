@@ -53,8 +53,8 @@ class EmbeddingStore(abc.ABC):
     def _layer(self, layer: int) -> np.ndarray:
         """The [N, dims[layer-1]] array of ``layer`` (1-based), no checks."""
 
-    def layer(self, layer: int) -> np.ndarray:
-        """The whole [N, dim] float array of ``layer`` (1..k); may be a read-only memmap."""
+    def check_layer(self, layer: object) -> int:
+        """``layer`` when it is one of 1..k, else InvalidInputError naming ``layer``."""
         if (
             isinstance(layer, bool)
             or not isinstance(layer, int)
@@ -63,7 +63,11 @@ class EmbeddingStore(abc.ABC):
             raise InvalidInputError(
                 f"layer must be in 1..{self.num_layers}, got {layer!r}", "layer"
             )
-        return self._layer(layer)
+        return layer
+
+    def layer(self, layer: int) -> np.ndarray:
+        """The whole [N, dim] float array of ``layer`` (1..k); may be a read-only memmap."""
+        return self._layer(self.check_layer(layer))
 
     def get(self, layer: int, ids: np.ndarray) -> torch.Tensor:
         """float32 [len(ids), dim] rows of ``layer`` for existing node ``ids``."""

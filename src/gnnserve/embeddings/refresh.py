@@ -11,6 +11,8 @@ Publishing the refreshed version atomically to readers is the caller's (the refr
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import torch
 
@@ -22,12 +24,12 @@ from gnnserve.types import Block
 
 
 def rows_block(
-    indptr: np.ndarray, indices: np.ndarray, dsts: np.ndarray
+    row_start: np.ndarray, degree: np.ndarray, indices: np.ndarray, dsts: np.ndarray
 ) -> tuple[Block, np.ndarray]:
-    """The one-hop block of destinations ``dsts`` (distinct ids) with all their in-neighbours:
-    ``(block, src_ids)``, the destinations first in ``dsts`` order, then the other sources."""
-    starts, ends = indptr[dsts], indptr[dsts + 1]
-    counts = ends - starts
+    """The one-hop block of destinations ``dsts`` (distinct ids) with all their in-neighbours
+    (adjacency as ``GraphStore.adjacency()`` gives it): ``(block, src_ids)``, the destinations
+    first in ``dsts`` order, then the other sources."""
+    starts, counts = np.asarray(row_start[dsts], np.int64), np.asarray(degree[dsts], np.int64)
     offsets = np.repeat(starts - np.cumsum(counts) + counts, counts)
     src = np.asarray(indices[np.arange(counts.sum()) + offsets], np.int64)
     dst = np.repeat(np.arange(dsts.size, dtype=np.int64), counts)
@@ -39,16 +41,67 @@ def rows_block(
     return Block(edge_index, int(src_ids.size), int(dsts.size)), src_ids
 
 
-def _chunks(indptr: np.ndarray, rows: np.ndarray, chunk_edges: int) -> list[np.ndarray]:
+def _chunks(degree: np.ndarray, rows: np.ndarray, chunk_edges: int) -> list[np.ndarray]:
     """``rows`` cut as :func:`chunk_bounds` cuts a graph: consecutive pieces of at most
     ``chunk_edges`` in-edges (and rows), at least one row each."""
     row_edges = np.zeros(rows.size + 1, np.int64)
-    np.cumsum(indptr[rows + 1] - indptr[rows], out=row_edges[1:])
+    np.cumsum(degree[rows], out=row_edges[1:])
     bounds = chunk_bounds(row_edges, chunk_edges)
     return [rows[lo:hi] for lo, hi in zip(bounds[:-1], bounds[1:], strict=True)]
 
 
+Rows = tuple[np.ndarray, np.ndarray]  # (int64 sorted ids, float32 [len, dim] values)
+ReadLayer = Callable[[int, np.ndarray], np.ndarray]  # (layer index 0..k-1, ids) -> old rows
+
+
 @torch.inference_mode()
+def refresh_rows(
+    model: GNN,
+    graph: GraphStore,
+    features: FeatureStore,
+    previous: ReadLayer,
+    affected: list[np.ndarray],
+    chunk_edges: int = 2_000_000,
+) -> list[Rows]:
+    """The new values of the rows ``affected[l]`` of every layer on ``graph``/``features``
+    (after the batches), layer by layer. ``previous(l, ids)`` reads layer ``l``'s rows from
+    before (only ids of nodes that existed then, and only rows outside ``affected[l]``)."""
+    adjacency = graph.adjacency()  # no CSR copy: a refresh costs its rows, not the graph
+    model.eval()
+    out: list[Rows] = []
+    for index, dim in enumerate(layer_dims(model)):
+        rows = np.asarray(affected[index], np.int64)
+        values = np.empty((rows.size, dim), np.float32)
+        done = 0
+        for part in _chunks(adjacency[1], rows, chunk_edges) if rows.size else []:
+            block, src_ids = rows_block(*adjacency, part)
+            if index == 0:
+                h = features.get_valid(src_ids)
+            else:
+                h = torch.from_numpy(_inputs(previous, index - 1, src_ids, out[-1]))
+            if model.needs_degree:
+                degree = torch.from_numpy(np.asarray(graph.gcn_degree(src_ids)))
+            else:  # the graph's degree array costs a pass over every edge the first time
+                degree = torch.zeros(src_ids.size)
+            values[done : done + part.size] = model.layer_forward(index, h, block, degree).numpy()
+            done += part.size
+        out.append((rows, values))
+    return out
+
+
+def _inputs(previous: ReadLayer, index: int, ids: np.ndarray, fresh: Rows) -> np.ndarray:
+    """Layer ``index``'s rows of ``ids``: refreshed ones from ``fresh``, the others from
+    ``previous``."""
+    rows, values = fresh
+    pos = np.minimum(np.searchsorted(rows, ids), max(rows.size - 1, 0))
+    new = (rows[pos] == ids) if rows.size else np.zeros(ids.size, bool)
+    out = np.empty((ids.size, values.shape[1]), np.float32)
+    out[new] = values[pos[new]]
+    if (~new).any():
+        out[~new] = previous(index, ids[~new])
+    return out
+
+
 def refresh_layers(
     model: GNN,
     graph: GraphStore,
@@ -61,27 +114,18 @@ def refresh_layers(
     ``affected[l]`` recomputed on ``graph``/``features`` (after the batch); arrays with fewer
     rows than the graph has nodes are grown first. Returns the (possibly new) arrays."""
     n = graph.num_nodes
-    indptr, indices = graph.csr()
-    model.eval()
-    out: list[np.ndarray] = []
     for index, (dim, old) in enumerate(zip(layer_dims(model), layers, strict=True)):
         if old.shape != (old.shape[0], dim) or old.shape[0] > n:
             raise ValueError(f"layer {index + 1} is {old.shape}, expected [<= {n}, {dim}]")
+    fresh = refresh_rows(
+        model, graph, features, lambda i, ids: layers[i][ids], affected, chunk_edges
+    )
+    out = []
+    for old, (rows, values) in zip(layers, fresh, strict=True):
         layer = old
         if old.shape[0] < n:
-            layer = np.zeros((n, dim), np.float32)
+            layer = np.zeros((n, old.shape[1]), np.float32)
             layer[: old.shape[0]] = old
-        rows = np.asarray(affected[index], np.int64)
-        for part in _chunks(indptr, rows, chunk_edges) if rows.size else []:
-            block, src_ids = rows_block(indptr, indices, part)
-            if index == 0:
-                h = features.get_valid(src_ids)
-            else:
-                h = torch.from_numpy(np.asarray(out[-1][src_ids], np.float32))
-            if model.needs_degree:
-                degree = torch.from_numpy(np.asarray(graph.gcn_degree(src_ids)))
-            else:  # the graph's degree array costs a pass over every edge the first time
-                degree = torch.zeros(src_ids.size)
-            layer[part] = model.layer_forward(index, h, block, degree).numpy()
+        layer[rows] = values
         out.append(layer)
     return out

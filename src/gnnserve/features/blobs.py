@@ -1,8 +1,11 @@
 """The framing both upload codecs share (:mod:`.codecs` for DAQ, :mod:`.column_codec` for
 continuous readings): a fixed header, then sections, each a run of blosc2 chunks (``<Q`` length,
-then the chunk; LZ4 behind the bit-shuffle filter; at most :data:`CHUNK_BYTES` raw each; an
-empty section has none), then a ``<I`` CRC-32 of everything before it. A codec gives the header
-and, from the header's fields, the (dtype, shape) of each section.
+then the chunk; at most :data:`CHUNK_BYTES` raw each; an empty section has none), then a ``<I``
+CRC-32 of everything before it. A codec gives the header and, from the header's fields, the
+(dtype, shape) of each section. A section is compressed with LZ4 behind the bit-shuffle filter
+(``lz4``: fast; planes of zero bits cost almost nothing) or with ZSTD on the bytes as they are
+(``zstd``: its entropy coder takes bytes of a skewed distribution below 8 bits each); blosc2's
+chunk header says which, so reading needs no flag.
 """
 
 from __future__ import annotations
@@ -56,11 +59,13 @@ def checked_features(features: np.ndarray) -> np.ndarray:
     return x if x.dtype in (np.float32, np.float64) else x.astype(np.float32)
 
 
-def _compress(arr: np.ndarray, clevel: int) -> list[bytes]:
+def _compress(arr: np.ndarray, clevel: int, method: str = "lz4") -> list[bytes]:
     raw = np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
+    lz4 = method == "lz4"
     cparams = blosc2.CParams(
-        codec=blosc2.Codec.LZ4, clevel=clevel, typesize=arr.dtype.itemsize,
-        filters=[blosc2.Filter.BITSHUFFLE], filters_meta=[0],
+        codec=blosc2.Codec.LZ4 if lz4 else blosc2.Codec.ZSTD, clevel=clevel,
+        typesize=arr.dtype.itemsize,
+        filters=[blosc2.Filter.BITSHUFFLE if lz4 else blosc2.Filter.NOFILTER], filters_meta=[0],
     )  # fmt: skip
     out: list[bytes] = []
     for start in range(0, len(raw), CHUNK_BYTES):
@@ -69,12 +74,20 @@ def _compress(arr: np.ndarray, clevel: int) -> list[bytes]:
     return out
 
 
-def write_blob(header: bytes, layout: Layout, arrays: Sequence[np.ndarray], clevel: int) -> bytes:
-    """``header``, each array compressed as its section of ``layout``, and the CRC."""
+def write_blob(
+    header: bytes,
+    layout: Layout,
+    arrays: Sequence[np.ndarray],
+    clevel: int,
+    methods: Sequence[str] | None = None,
+) -> bytes:
+    """``header``, each array compressed as its section of ``layout`` (by ``methods``, one per
+    section, ``lz4`` | ``zstd``; default all ``lz4``), and the CRC."""
+    methods = methods or ["lz4"] * len(layout)
     pieces = [header]
-    for (dtype, shape), arr in zip(layout, arrays, strict=True):
+    for (dtype, shape), arr, how in zip(layout, arrays, methods, strict=True):
         assert arr.shape == shape and arr.dtype.itemsize == np.dtype(dtype).itemsize
-        pieces += _compress(arr.astype(dtype, copy=False), clevel)
+        pieces += _compress(arr.astype(dtype, copy=False), clevel, how)
     body = b"".join(pieces)
     return body + _CRC.pack(zlib.crc32(body))
 

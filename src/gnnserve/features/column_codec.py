@@ -2,15 +2,18 @@
 offset and a scale per row, which at 8 bits costs a quarter of a 32-wide float32 row again, and
 its widest rows are float32 or float64: on continuous float32 readings it saves little. Here
 every column gets one linear range (offset = column min, span = max - min, over the blob's
-rows), each row a width from :data:`WIDTHS` by its degree (fewer bits on high-degree vertices,
-whose errors their aggregation averages out), and 4-bit codes are packed two to a byte; then
-the same LZ4 + bit-shuffle framing (:mod:`.blobs`).
+rows) and each row a width of 2 to 16 bits by its degree quartile (:func:`column_bits`). The
+codes are entropy coded where it pays: the top 8 bits of every code go to ZSTD as bytes (the
+values of a bell-shaped column crowd the middle codes, so a byte of them costs about 7 bits),
+the bits below (widths over 8) to LZ4 behind the bit shuffle, which stores each bit plane
+together (those low bits are near uniform: nothing to entropy code). Framing: :mod:`.blobs`.
 
-Blob format (version 1, little-endian): header ``<4sHHQQ3Q`` (magic ``b"GCQ1"``, version, 0,
-N rows, F columns, row counts of the 16/8/4-bit groups), 5 sections: the widths ``uint8 [N]``
-in row order (each group keeps ascending row order), the column ranges float32 ``[F, 2]``
-(offset, span), codes uint16 ``[n16, F]``, uint8 ``[n8, F]``, uint8 ``[n4, ceil(F/2)]`` (column
-``2c`` in the low nibble, ``2c+1`` in the high one); then the CRC-32 trailer.
+Blob format (version 1, little-endian): header ``<4sHHQQ15Q`` (magic ``b"GCQ1"``, version, 0,
+N rows, F columns, row counts of the widths 2, 3, ..., 16), then sections: the widths
+``uint8 [N]`` in row order (each group keeps ascending row order), the column ranges float32
+``[F, 2]`` (offset, span), and per width q = 2..16 its top codes ``uint8 [n_q, F]`` (``code >>
+(q - 8)`` for q > 8, the code itself otherwise) and, for q > 8, its low ``q - 8`` bits
+``uint8 [n_q, F]`` (an empty group has no chunks); then the CRC-32 trailer.
 
 A value decodes to ``offset + code * span / (2^q - 1)``: the error is at most half a step,
 ``span / (2 (2^q - 1))`` per column.
@@ -35,8 +38,8 @@ from gnnserve.features.quantize import degree_thresholds
 
 MAGIC = b"GCQ1"
 VERSION = 1
-WIDTHS = (16, 8, 4)  # allowed bits per element, in the blob's group order
-_HEADER = struct.Struct("<4sHHQQ3Q")
+WIDTHS = tuple(range(2, 17))  # allowed bits per element, in the blob's group order
+_HEADER = struct.Struct(f"<4sHHQQ{len(WIDTHS)}Q")
 
 
 def check_column_bits(bits: np.ndarray, n: int) -> np.ndarray:
@@ -58,16 +61,36 @@ def column_bits(degrees: np.ndarray, widths: tuple[int, int, int, int]) -> np.nd
     """Per-row widths, uint8 [N]: ``widths[i]`` for the rows whose degree falls in the i-th
     degree quartile (:func:`~.quantize.degree_thresholds`; low degrees first)."""
     if len(widths) != 4 or any(w not in WIDTHS for w in widths):
-        raise InvalidInputError(f"widths must be 4 of {WIDTHS}, got {widths}", "widths")
+        raise InvalidInputError(f"widths must be 4 bit counts of 2-16, got {widths}", "widths")
     d = np.asarray(degrees, np.int64)
     quartile = np.searchsorted(np.asarray(degree_thresholds(d)), d, side="right")
     return np.asarray(widths, np.uint8)[quartile]
 
 
 def _layout(n: int, f: int, counts: list[int]) -> Layout:
-    n16, n8, n4 = counts
-    return [("u1", (n,)), ("<f4", (f, 2)), ("<u2", (n16, f)), ("u1", (n8, f)),
-            ("u1", (n4, (f + 1) // 2))]  # fmt: skip
+    pairs = zip(WIDTHS, counts, strict=True)
+    codes = [("u1", (c, f)) for q, c in pairs for _ in range(1 + (q > 8))]
+    return [("u1", (n,)), ("<f4", (f, 2)), *codes]
+
+
+def _methods() -> list[str]:
+    """Compression per section: the widths and ranges by LZ4, top codes by ZSTD, low bits
+    by LZ4 (bit shuffled)."""
+    return ["lz4", "lz4", *(m for q in WIDTHS for m in (("zstd", "lz4") if q > 8 else ("zstd",)))]
+
+
+def _split(codes: np.ndarray, q: int) -> list[np.ndarray]:
+    """A width's sections: [top 8 bits] (q <= 8: the codes) or [top 8 bits, low q-8 bits]."""
+    if q <= 8:
+        return [codes.astype(np.uint8)]
+    low = q - 8
+    return [(codes >> low).astype(np.uint8), (codes & ((1 << low) - 1)).astype(np.uint8)]
+
+
+def _join(parts: list[np.ndarray], q: int) -> np.ndarray:
+    if q <= 8:
+        return parts[0]
+    return (parts[0].astype(np.uint16) << (q - 8)) | parts[1]
 
 
 def _ranges(x: np.ndarray) -> np.ndarray:
@@ -84,21 +107,7 @@ def _codes(x: np.ndarray, ranges: np.ndarray, q: int) -> np.ndarray:
     low, span = ranges[:, 0].astype(np.float64), ranges[:, 1].astype(np.float64)
     safe = np.where(span > 0, span, 1.0)
     codes = np.clip(np.rint((x - low) / safe * levels), 0, levels)
-    return codes.astype(np.uint16 if q == 16 else np.uint8)
-
-
-def _nibbles(codes: np.ndarray) -> np.ndarray:
-    """uint8 [n, F] codes < 16 packed two to a byte: [n, ceil(F/2)]."""
-    n, f = codes.shape
-    padded = np.zeros((n, f + f % 2), np.uint8)
-    padded[:, :f] = codes
-    return padded[:, 0::2] | (padded[:, 1::2] << 4)
-
-
-def _unnibble(packed: np.ndarray, f: int) -> np.ndarray:
-    out = np.empty((packed.shape[0], packed.shape[1] * 2), np.uint8)
-    out[:, 0::2], out[:, 1::2] = packed & 0x0F, packed >> 4
-    return out[:, :f]
+    return codes.astype(np.uint16)
 
 
 def _values(codes: np.ndarray, ranges: np.ndarray, q: int) -> np.ndarray:
@@ -107,17 +116,16 @@ def _values(codes: np.ndarray, ranges: np.ndarray, q: int) -> np.ndarray:
 
 
 def pack_columns(features: np.ndarray, bits: np.ndarray, *, clevel: int = 5) -> bytes:
-    """Quantize row ``v`` of ``features`` (float [N, F]) to ``bits[v]`` bits (16, 8 or 4) on
-    the columns' ranges, then compress. Returns the blob (format: module docstring)."""
+    """Quantize row ``v`` of ``features`` (float [N, F]) to ``bits[v]`` bits (2 to 16) on the
+    columns' ranges, then compress. Returns the blob (format: module docstring)."""
     x = checked_features(features).astype(np.float64)
     b = check_column_bits(bits, x.shape[0])
     ranges = _ranges(x)
     n, f = x.shape
     counts = [int(np.count_nonzero(b == q)) for q in WIDTHS]
-    codes = [_codes(x[b == q], ranges, q) for q in WIDTHS]
-    arrays = [b, ranges, codes[0], codes[1], _nibbles(codes[2])]
+    codes = (part for q in WIDTHS for part in _split(_codes(x[b == q], ranges, q), q))
     header = _HEADER.pack(MAGIC, VERSION, 0, n, f, *counts)
-    return write_blob(header, _layout(n, f, counts), arrays, clevel)
+    return write_blob(header, _layout(n, f, counts), [b, ranges, *codes], clevel, _methods())
 
 
 def _layout_of(fields: tuple) -> Layout:
@@ -140,9 +148,10 @@ def unpack_columns(blob: bytes) -> np.ndarray:
         raise corrupt("row widths disagree with the header's group counts")
     out = np.empty((n, f), np.float32)
     with np.errstate(over="ignore", invalid="ignore"):  # tampered ranges: refused below
-        out[bits == 16] = _values(a[2], ranges, 16)
-        out[bits == 8] = _values(a[3], ranges, 8)
-        out[bits == 4] = _values(_unnibble(a[4], f), ranges, 4)
+        parts = iter(a[2:])
+        for q in WIDTHS:
+            codes = _join([next(parts) for _ in range(1 + (q > 8))], q)
+            out[bits == q] = _values(codes, ranges, q)
     if not np.isfinite(out).all():
         raise corrupt("decoded values are not finite")
     return out

@@ -10,7 +10,9 @@ subscription order:
 2. ``on_edge_events(kinds, srcs, dsts, neighbors_of)`` when the batch had edge operations:
    every event in batch order, ``kinds[i]`` :data:`INSERT` (one ``srcs[i] -> dsts[i]`` edge
    added) or :data:`DELETE` (one such edge removed; it existed), int64 arrays of equal length.
-   ``neighbors_of(v)`` returns v's in-neighbours (int64, a copy) after the WHOLE batch.
+   ``neighbors_of(v)`` returns v's in-neighbours (int64, a copy) after the WHOLE batch;
+3. ``on_feature_rows(ids)``, only on listeners that define it, when the batch rewrote the
+   features of existing nodes: their ids (int64, repeats possible; added nodes not included).
 
 Both calls come after the graph and the features applied the whole batch, before any reader
 can pin the batch's version; no other batch starts until every listener returned. Calls for one

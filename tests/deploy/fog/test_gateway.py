@@ -1,66 +1,102 @@
-"""Sensor gateways: a fog server with ``gateways=True`` spawns no device groups; external
-``gnnserve fog upload`` processes feed each round (the same framing and codec), and the round
-equals plain full-graph inference on what they sent. Bad gateway input exits 2, an unreachable
-fog 1."""
+"""Sensor gateways: `serve --deploy fog --fog-gateways DIR` spawns no device groups and writes
+the gateways' plan; external ``gnnserve fog upload`` processes feed each round (the same framing
+and codec), and the answers equal plain full-graph inference on what they sent. Bad gateway
+input exits 2, an unreachable fog 1."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import httpx
 import numpy as np
 import pytest
+import torch
 
 from gnnserve.cli import main
 from gnnserve.deploy.fog.service import FogService, NodeSpec
 from gnnserve.errors import InvalidInputError
+from gnnserve.graph import open_graph_store
 from gnnserve.graph.base import GraphStore
-from tests.deploy.fog.test_service import _model, _readings, _reference
+from gnnserve.models.checkpoint import load_checkpoint
+from tests.deploy.fog.test_service import _model, _readings
 from tests.deploy.fog.test_service import graph as graph  # noqa: F401 - the module fixture
+from tests.deploy.servers import metric, predict, served
+from tests.embeddings.reference import layer_outputs
 
 GNNSERVE = str(Path(sys.executable).with_name("gnnserve"))
 NODES = [NodeSpec("a", None, "wifi"), NodeSpec("b", None, "wifi")]
 
 
-def _upload(plan: list[dict], readings: np.ndarray, round_id: int, tmp: Path) -> list:  # type: ignore[type-arg]
-    """One gateway process per device group of ``plan``, each sending its rows of round
-    ``round_id``."""
+def _upload(plan: dict, readings: np.ndarray, round_id: int, tmp: Path) -> list:  # type: ignore[type-arg]
+    """One gateway process per group of the written ``plan`` (plan.json), each running the
+    plan's command for its rows of round ``round_id``."""
     procs = []
-    for group in plan:
-        rows = tmp / f"r{round_id}_{group['fog']}.npy"
-        np.save(rows, readings[group["vertices"]])
-        argv = [GNNSERVE, "fog", "upload", "--to", group["to"], "--readings", str(rows)]
-        argv += ["--round", str(round_id), "--offset", str(group["offset"])]
-        if group["bits"] is not None:
-            np.save(tmp / f"bits_{group['fog']}.npy", group["bits"])
-            argv += ["--bits", str(tmp / f"bits_{group['fog']}.npy")]
+    for k, group in enumerate(plan["groups"]):
+        rows = tmp / f"r{round_id}_{k}.npy"
+        np.save(rows, readings[np.load(group["vertices"])])
+        fill = {"{readings}": str(rows), "{round}": str(round_id), "gnnserve": GNNSERVE}
+        argv = [fill.get(a, a) for a in group["command"]]
         procs.append(subprocess.Popen(argv, stdout=subprocess.PIPE, text=True))
     return procs
 
 
+def _reference_probs(store: Path, ckpt: Path, x: np.ndarray) -> np.ndarray:
+    model = load_checkpoint(ckpt).model.eval()
+    graph = open_graph_store(store)
+    indptr, indices = graph.csr()
+    dst = np.repeat(np.arange(graph.num_nodes), np.diff(indptr))
+    edges = torch.from_numpy(np.stack([np.asarray(indices, np.int64), dst]))
+    logits = layer_outputs(model, torch.from_numpy(x), edges)[-1]
+    return torch.softmax(logits, 1).numpy()
+
+
+def _probs_once_served(base: str, nodes: list[int], want: np.ndarray) -> np.ndarray:
+    """The answers for ``nodes`` once they equal ``want`` (rounds run as uploads complete),
+    or the last ones after 60 s."""
+    deadline = time.monotonic() + 60
+    while True:
+        got = np.asarray(predict(base, {"nodes": nodes, "output": "probs"})["predictions"])
+        if np.allclose(got, want, atol=1e-5) or time.monotonic() > deadline:
+            return got
+        time.sleep(0.2)
+
+
+@pytest.mark.slow
 @pytest.mark.distributed
-def test_gateway_uploads_feed_exact_rounds(graph: GraphStore, ray_instance, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    model = _model()
-    with FogService(
-        model, graph, _readings(1), NODES, "strawman", gateways=True,
-        testbed=False,
-    ) as svc:  # fmt: skip
-        assert svc.fleet is None and not svc.adaptive
-        plan = svc.gateway_plan()
-        owned = np.sort(np.concatenate([g["vertices"] for g in plan]))
-        np.testing.assert_array_equal(owned, np.arange(graph.num_nodes))
+def test_served_rounds_come_from_the_gateways_of_the_written_plan(
+    small_store: Path, small_ckpt: Path, tmp_path: Path
+) -> None:
+    """`serve --deploy fog --fog-gateways DIR`: 503 until a round arrives; then every answer is
+    full-graph inference on the readings the gateways (external `gnnserve fog upload`
+    processes, run from plan.json) sent, round after round."""
+    nodes = tmp_path / "nodes.yaml"
+    nodes.write_text("nodes:\n  - {name: a, link: wifi}\n  - {name: b, link: 5g}\n")
+    plan_dir = tmp_path / "gateways"
+    flags = ["--deploy", "fog", "--nodes", str(nodes), "--fog-codec", "lossless"]
+    with served(small_store, small_ckpt, *flags, "--fog-gateways", str(plan_dir)) as fog:
+        r = httpx.post(f"{fog}/v1/predict", json={"nodes": [1], "timeout_ms": 300}, timeout=30)
+        assert r.status_code == 503 and r.json()["error"]["field"] == "fog_gateways"
+        plan = json.loads((plan_dir / "plan.json").read_text())
+        owned = np.sort(np.concatenate([np.load(g["vertices"]) for g in plan["groups"]]))
+        np.testing.assert_array_equal(owned, np.arange(owned.size))
+        asked = [0, 5, 1999, 5]
+        rng = np.random.default_rng(7)
         for round_id in (1, 2):
-            readings = _readings(10 + round_id)
+            readings = rng.standard_normal((owned.size, 16)).astype(np.float32)
             procs = _upload(plan, readings, round_id, tmp_path)
-            report = svc.round()
-            assert [p.wait(timeout=60) for p in procs] == [0, 0]
-            want = _reference(model, graph, readings)
-            np.testing.assert_allclose(report.logits, want, atol=1e-5)
-        with pytest.raises(InvalidInputError, match="from the gateways"):
-            svc.round(readings)
+            assert [p.wait(timeout=60) for p in procs] == [0] * len(procs)
+            want = _reference_probs(small_store, small_ckpt, readings)[asked]
+            np.testing.assert_allclose(_probs_once_served(fog, asked, want), want, atol=1e-5)
+        assert metric(fog, "gnnserve_deploy_fog_rounds") == 2
+
+
+def test_gateway_rounds_need_gateways_and_a_fixed_placement(graph: GraphStore) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(InvalidInputError, match="fixed placement"):
-        FogService(model, graph, _readings(1), NODES, "fograph", gateways=True, adaptive=True)
+        FogService(_model(), graph, _readings(1), NODES, "fograph", gateways=True, adaptive=True)
 
 
 def test_bad_gateway_input_exits_2_and_an_unreachable_fog_1(tmp_path: Path) -> None:

@@ -50,20 +50,31 @@ def _changed_pts(case: tuple, widths: tuple[int, int, int, int]) -> float:
     return 100.0 * float(np.mean(_answers(model, indptr, indices, _quantized(x, bits)) != full))
 
 
-def test_each_trial_measures_the_answers_a_plain_forward_changes(case) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("budget", [0.0, 2.0])
+def test_each_trial_measures_the_answers_a_plain_forward_changes(case, budget: float) -> None:  # type: ignore[no-untyped-def]
     model, indptr, indices, x = case
-    choice = choose_widths(model, indptr, indices, x, budget_pts=0.0)
-    want = [_changed_pts(case, w) for w in LADDER[: len(choice.trials)]]
-    assert [t.changed_pts for t in choice.trials] == pytest.approx(want, abs=1e-9)
-    assert all(t.packed_ratio > 1.9 for t in choice.trials)  # at most 16 of float32's 32 bits
-    # the first of the ladder within budget, and nothing after it tried
-    first = next((i for i, pts in enumerate(want) if pts <= 0.0), None)
-    if first is None:
-        assert choice.widths is None and len(choice.trials) == len(LADDER)
-    else:
-        assert choice.widths == LADDER[first] and len(choice.trials) == first + 1
-        np.testing.assert_array_equal(choice.bits, column_bits(np.diff(indptr), LADDER[first]))
-    assert want[0] > 0.0, "4-bit readings changed no answer: the test cannot tell widths apart"
+    choice = choose_widths(model, indptr, indices, x, budget_pts=budget)
+    assert 3 <= len(choice.trials) <= 8  # a bisection of 49 rungs, not a scan
+    for trial in choice.trials:
+        assert trial.changed_pts == pytest.approx(_changed_pts(case, trial.widths), abs=1e-9)
+        assert trial.packed_ratio > 1.9  # at most 16 of float32's 32 bits
+    assert choice.widths is not None and choice.chosen is not None
+    assert choice.chosen.changed_pts <= budget
+    np.testing.assert_array_equal(choice.bits, column_bits(np.diff(indptr), choice.widths))
+    # the bisection's invariant: every rung tried below the choice failed, the one just below
+    # was tried (or the choice is the first rung)
+    rung = LADDER.index(choice.widths)
+    below = [t for t in choice.trials if LADDER.index(t.widths) < rung]
+    assert all(t.changed_pts > budget for t in below)
+    assert rung == 0 or any(LADDER.index(t.widths) == rung - 1 for t in below)
+    assert choice.trials[0].widths != choice.widths or rung == 0
+
+
+def test_the_ladder_climbs_by_a_quarter_bit_low_degrees_first() -> None:
+    assert LADDER[0] == (4, 4, 4, 4) and LADDER[-1] == (16, 16, 16, 16)
+    means = [sum(w) / 4 for w in LADDER]
+    assert np.allclose(np.diff(means), 0.25)
+    assert all(list(w) == sorted(w, reverse=True) for w in LADDER)
 
 
 def test_a_loose_budget_takes_the_fewest_bytes(case) -> None:  # type: ignore[no-untyped-def]
@@ -85,6 +96,7 @@ def test_upload_widths_per_codec_and_the_lossless_fallback(case) -> None:  # typ
     lossless = upload_widths(model, indptr, indices, x, True, "lossless")
     assert lossless.codec == "daq" and (lossless.bits == 32).all()
     # a ladder with nothing within budget: lossless, with the trial kept for the report
+    assert _changed_pts(case, (4, 4, 4, 4)) > 0.0
     none_fit = upload_widths(
         model, indptr, indices, x, True, "column", budget_pts=0.0, ladder=((4, 4, 4, 4),)
     )

@@ -134,6 +134,11 @@ class FogCluster:
         """Process id of every fog node (for CPU quotas)."""
         return ray.get([n.pid.remote() for n in self._nodes])
 
+    def arrived(self, round_id: int, wait_s: float) -> bool:
+        """Whether every fog holds all uploads of round ``round_id`` (each waits up to
+        ``wait_s``): a round that has arrived everywhere runs without waiting in a collective."""
+        return all(ray.get([n.arrived.remote(round_id, wait_s) for n in self._nodes]))
+
     def run(self, round_id: int | None = None, wait_s: float = 120.0) -> ClusterRound:
         """One BSP round on the current placement: with ``round_id``, each fog first waits for
         that round's uploads; without, it runs on the features it holds."""

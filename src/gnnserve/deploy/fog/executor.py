@@ -7,6 +7,10 @@ Each batch then runs one round: the device groups upload the vertices' current r
 served feature store's rows), the fogs run full-graph inference (BSP), and the batch's
 requests are answered from their vertices' rows. Answers are full-graph (every in-neighbour):
 request fanouts do not apply and are refused. The graph must not change (no update log).
+
+With ``deploy.fog_gateways`` the readings come from sensor gateways instead: the executor writes
+their plan to that directory (:func:`~.gateway.write_plan`), rounds run as the gateways' uploads
+complete (:class:`~.gateway.GatewayRounds`), and each batch is answered from the latest round.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import numpy as np
 import torch
 
 from gnnserve.config import ServeConfig
+from gnnserve.deploy.fog.gateway import GatewayRounds, write_plan
 from gnnserve.deploy.fog.nodes import load_nodes
 from gnnserve.deploy.fog.profile_cache import ProfileCache
 from gnnserve.deploy.fog.service import FogService, RoundReport
@@ -71,6 +76,7 @@ class FogExecutor(Executor):
         self.rounds = 0
         self.bytes_uploaded = 0
         self.raw_bytes = 0
+        self.gateway_rounds: GatewayRounds | None = None
 
     def start(self, batches: BatchSource) -> None:
         """Start the fog nodes (profile, plan, warm-up round), then the dispatch thread."""
@@ -81,11 +87,17 @@ class FogExecutor(Executor):
             ctx.config.deploy.fog_mode,
             upload_codec(ctx.config.deploy.fog_codec, readings),
         )
+        gateways = ctx.config.deploy.fog_gateways
         self.service = FogService(
             ctx.runner.model, ctx.graph, readings, self.nodes, mode, codec=codec,
             profiles=ProfileCache(), reprofile=ctx.config.deploy.fog_reprofile,
             accuracy_budget_pts=ctx.config.deploy.fog_accuracy_budget,
+            gateways=bool(gateways), adaptive=False if gateways else None,
         )  # fmt: skip
+        if gateways:
+            plan = write_plan(self.service.gateway_plan(), gateways)
+            log.info("fog: sensor gateways upload by the plan in %s", plan)
+            self.gateway_rounds = GatewayRounds(self.service)
         log.info(
             "fog: %d nodes (%s%s) ready in %.1f s",
             len(self.nodes),
@@ -123,6 +135,12 @@ class FogExecutor(Executor):
                 f"{[-1] * layers}, or none)",
             )
         batch.graph_version = self.context.graph.version
+        if self.gateway_rounds is not None:  # the latest round the gateways fed
+            deadlines = [t.deadline_s for t in batch.tickets if t.deadline_s is not None]
+            wait_s = min(deadlines) - time.perf_counter() if deadlines else 30.0
+            report, self.rounds = self.gateway_rounds.latest(wait_s)
+            self.last = report
+            return report
         report = self.service.round()
         self.last, self.rounds = report, self.rounds + 1
         return report
@@ -151,6 +169,8 @@ class FogExecutor(Executor):
         """Answer the batch in flight, then stop the nodes, links and quotas."""
         if self._thread is not None:
             self._thread.join(timeout_s)
+        if self.gateway_rounds is not None:
+            self.gateway_rounds.stop()
         service, self.service = self.service, None
         if service is not None:
             service.close()

@@ -153,6 +153,10 @@ class FogNode:
         )
         return int(len(rows))
 
+    def arrived(self, round_id: int, wait_s: float) -> bool:
+        """Whether this fog holds every upload of round ``round_id`` (waits up to ``wait_s``)."""
+        return self.receiver.arrived(round_id, wait_s)
+
     def run(self, round_id: int | None = None, wait_s: float = 120.0) -> NodeRound:
         """This fog's part of one round; every fog of the group must be called. With
         ``round_id``, first wait until that round's uploads have arrived (``collect_ms``)."""

@@ -343,6 +343,18 @@ class FogService:
             report.decision = self._adapt(report)
         return report
 
+    def gateway_round(self, wait_s: float = 1.0) -> RoundReport | None:
+        """With gateways: the next round once its uploads have reached every fog (waiting up to
+        ``wait_s``), else None and nothing changed (call again). A fog never enters a round's
+        collectives before the others have their uploads."""
+        if not self.gateways:
+            raise InvalidInputError("gateway_round needs gateways=True", "gateways")
+        if not self.cluster.arrived(self._round + 1, wait_s):
+            return None
+        report = self._collect_and_run()
+        self._check_prediction(report.latency_ms)
+        return report
+
     def _collect_and_run(self) -> RoundReport:
         self._round += 1
         start = time.perf_counter()

@@ -171,6 +171,20 @@ class Receiver:
                         self._done[rnd] = self._done.get(rnd, 0) + 1
                         self._cond.notify_all()
 
+    def arrived(self, round_id: int, timeout_s: float) -> bool:
+        """Whether round ``round_id`` has arrived from every group, waiting up to ``timeout_s``
+        for it; the round stays pending for :meth:`wait` (InvalidInputError on a bad upload)."""
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            while self._done.get(round_id, 0) < self.groups:
+                if self.errors:
+                    raise InvalidInputError(f"bad upload: {self.errors[-1]}", "upload")
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(left)
+            return True
+
     def wait(self, round_id: int, timeout_s: float = 120.0) -> None:
         """Block until round ``round_id`` arrived from every group (InvalidInputError on a bad
         upload, TimeoutError after ``timeout_s``)."""

@@ -1,0 +1,254 @@
+"""The background PE refresher (issue 29, part 2): precomputed embeddings that follow a
+changing graph.
+
+:class:`PeRefresher` subscribes to a :class:`~gnnserve.dynamic.store.DynamicStore`. For each
+committed batch it records what changed (edge destinations, rewritten features, added nodes) and
+the batch's sequence number; that is all the writer waits for. A thread then pins the graph's
+newest version ``v``, takes every recorded batch up to ``v`` (batches that arrived while the
+previous refresh ran are coalesced into this one), computes their affected sets (:mod:`.affected`)
+and recomputes those rows layer by layer (:mod:`.refresh`), and publishes the result as a new
+:class:`~.chunked.ChunkedEmbeddings` version tagged with ``v``, atomically: one reference swap;
+chunks the refresh did not touch are shared, readers of the previous version keep it.
+
+The affected sets need the graph's out-edges. The refresher keeps a reversed copy of the graph
+that every batch's inserted edges reach at once and its deletions never do (so it holds a
+superset of the out-edges of every version it may refresh to: a superset of the affected sets,
+still exact); it is rebuilt from the graph when deleted edges pile up and nothing is pending.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from gnnserve.dynamic.graph import DynamicGraph
+from gnnserve.dynamic.store import DynamicStore
+from gnnserve.embeddings.affected import AffectedSets, BatchChanges
+from gnnserve.embeddings.chunked import ChunkedEmbeddings
+from gnnserve.embeddings.refresh import refresh_rows
+from gnnserve.graph.base import GraphStore
+from gnnserve.graph.events import INSERT, NeighborsOf
+from gnnserve.models.zoo import GNN
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Published:
+    """One PE version: the embeddings and the graph version (and batch count) they are for."""
+
+    pes: ChunkedEmbeddings
+    graph_version: str
+    seq: int  # batches of the update log included
+
+
+@dataclass
+class RefreshStats:
+    """Counters of the refresher (for /metrics and tests)."""
+
+    refreshes: int = 0  # versions published
+    batches: int = 0  # batches folded into them (each batch once)
+    rows: int = 0  # rows recomputed, all layers
+    last_ms: float = 0.0  # wall time of the last refresh
+    rebuilds: int = 0  # reversed-graph rebuilds
+
+
+class _Reversed(GraphStore):
+    """A graph given by its in-neighbour CSR, as a GraphStore (the reversed graph's base)."""
+
+    def __init__(self, meta: object, indptr: np.ndarray, indices: np.ndarray) -> None:
+        super().__init__(meta)  # type: ignore[arg-type]
+        self._csr = (indptr, np.asarray(indices, np.int64))
+
+    @property
+    def num_nodes(self) -> int:
+        return int(self._csr[0].size - 1)
+
+    @property
+    def num_edges(self) -> int:
+        return int(self._csr[1].size)
+
+    @property
+    def version(self) -> str:
+        return "reversed"
+
+    def _adjacency(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        indptr, indices = self._csr
+        return indptr[:-1], np.diff(indptr), indices
+
+
+def reversed_graph(graph: GraphStore) -> DynamicGraph:
+    """A DynamicGraph whose in-neighbours are ``graph``'s out-neighbours."""
+    indptr, indices = graph.csr()
+    n = graph.num_nodes
+    dst = np.repeat(np.arange(n, dtype=np.int64), np.diff(indptr))
+    src = np.asarray(indices, np.int64)
+    order = np.argsort(src, kind="stable")
+    out_indptr = np.zeros(n + 1, np.int64)
+    np.cumsum(np.bincount(src, minlength=n), out=out_indptr[1:])
+    return DynamicGraph(_Reversed(graph.meta, out_indptr, dst[order]))
+
+
+class PeRefresher:
+    """Keeps ``pes`` (of ``model``, at the store's current version) current with ``store``
+    (module doc). Build it while no batch is being applied (at start-up): batches before it
+    subscribes are not seen. :meth:`current` is the newest published version; :meth:`wait_for`
+    waits for a given batch count. Stop with :meth:`close`."""
+
+    def __init__(
+        self,
+        model: GNN,
+        store: DynamicStore,
+        pes: ChunkedEmbeddings,
+        *,
+        chunk_edges: int = 2_000_000,
+        rebuild_ratio: float = 0.2,
+    ) -> None:
+        graph = store.graph
+        if pes.meta.num_nodes != graph.num_nodes:
+            raise ValueError(f"PEs hold {pes.meta.num_nodes} rows, the graph {graph.num_nodes}")
+        self.model, self.store, self.chunk_edges = model.eval(), store, chunk_edges
+        self.rebuild_ratio = rebuild_ratio
+        self.stats = RefreshStats()
+        self._affected = AffectedSets(len(pes.meta.dims), model.needs_degree)
+        self._published = Published(pes, graph.version, graph.seq)
+        self._pending: list[tuple[int, BatchChanges]] = []
+        self._deleted = 0  # deletions the reversed graph still holds
+        self._lock = threading.Condition()  # pending, reversed graph, published
+        self._reverse = reversed_graph(graph)
+        self._stop = False
+        self._thread = threading.Thread(target=self._loop, name="pe-refresher", daemon=True)
+        self._thread.start()
+        store.subscribe(self)
+
+    # --------------------------------------------------------------- the writer's side (listener)
+
+    def _record(self, changes: BatchChanges) -> None:
+        seq = self.store.graph.seq  # the batch being reported is the newest
+        with self._lock:
+            self._pending.append((seq, changes))
+            self._lock.notify_all()
+
+    def on_add_nodes(self, count: int) -> None:
+        """``count`` nodes were added (their rows are refreshed from their features)."""
+        with self._lock:
+            first = self._reverse.num_nodes
+            self._reverse.add_nodes(count)
+        self._record(BatchChanges(np.zeros(0, np.int64), added=np.arange(first, first + count)))
+
+    def on_edge_events(
+        self, kinds: np.ndarray, srcs: np.ndarray, dsts: np.ndarray, neighbors_of: NeighborsOf
+    ) -> None:
+        """Edge events: their destinations' in-neighbourhoods changed."""
+        inserts = kinds == INSERT
+        with self._lock:
+            if inserts.any():
+                ones = np.ones(int(inserts.sum()), bool)
+                self._reverse.apply_edge_events(ones, dsts[inserts], srcs[inserts])
+            self._deleted += int((~inserts).sum())
+        self._record(BatchChanges(np.asarray(dsts, np.int64).copy()))
+
+    def on_feature_rows(self, ids: np.ndarray) -> None:
+        """Existing nodes' features were rewritten."""
+        self._record(BatchChanges(np.zeros(0, np.int64), features=np.asarray(ids).copy()))
+
+    # --------------------------------------------------------------------------- readers
+
+    def current(self) -> Published:
+        """The newest published PE version (one reference read: consistent)."""
+        return self._published
+
+    def wait_for(self, seq: int, timeout_s: float) -> Published | None:
+        """The first published version including batch ``seq``, waiting up to ``timeout_s``;
+        None on timeout."""
+        with self._lock:
+            self._lock.wait_for(lambda: self._published.seq >= seq, timeout_s)
+            return self._published if self._published.seq >= seq else None
+
+    def lag(self) -> int:
+        """Batches applied to the graph and not yet in the published PEs."""
+        return max(0, self.store.graph.seq - self._published.seq)
+
+    def close(self) -> None:
+        """Stop the thread (a refresh in progress finishes first)."""
+        with self._lock:
+            self._stop = True
+            self._lock.notify_all()
+        self._thread.join(60)
+
+    # --------------------------------------------------------------------------- the thread
+
+    def _loop(self) -> None:
+        while True:
+            with self._lock:
+                self._lock.wait_for(lambda: self._stop or bool(self._pending))
+                if self._stop:
+                    return
+            try:
+                self._refresh_once()
+            except Exception:  # noqa: BLE001 - keep serving the last good version
+                log.exception("PE refresh failed; new-node requests keep the previous PEs")
+                with self._lock:
+                    self._lock.wait(1.0)
+
+    def _refresh_once(self) -> None:
+        view = self.store.view
+        version = view.acquire_read()  # every batch up to it has been recorded
+        try:
+            start = time.perf_counter()
+            # the view and the features read the pinned copy in this thread
+            graph, seq = view, int(version.rsplit(".", 1)[1])
+            with self._lock:
+                taken = [c for s, c in self._pending if s <= seq]
+                batches = len({s for s, _ in self._pending if s <= seq})
+                self._pending = [(s, c) for s, c in self._pending if s > seq]
+                sets = self._sets(taken, graph.num_nodes)
+            old = self._published.pes
+            n_old = old.meta.num_nodes
+            previous = lambda i, ids: old.get(i + 1, ids).numpy()  # noqa: E731
+            fresh = refresh_rows(
+                self.model, graph, self.store.features, previous, sets, self.chunk_edges
+            )
+            meta = replace(old.meta, graph_version=version, num_nodes=graph.num_nodes)
+            pes = old.with_rows(fresh, meta)
+            assert n_old <= graph.num_nodes
+            with self._lock:
+                self._published = Published(pes, version, seq)
+                self._lock.notify_all()
+                self._maybe_rebuild(graph, seq)
+            self._count(batches, sum(s.size for s in sets), start)
+        finally:
+            view.release_read()
+
+    def _sets(self, taken: list[BatchChanges], num_nodes: int) -> list[np.ndarray]:
+        merged = BatchChanges(
+            np.concatenate([c.edge_dsts for c in taken]),
+            np.concatenate([c.features for c in taken]),
+            np.concatenate([c.added for c in taken]),
+        )
+        start, degree, indices = self._reverse.adjacency()
+        # the reversed graph may hold nodes and edges of later batches: the sets may name nodes
+        # this version does not have yet (dropped) and rows it need not recompute (harmless)
+        sets = self._affected.compute(start, degree, indices, merged, self._reverse.num_nodes)
+        return [s[s < num_nodes] for s in sets]
+
+    def _maybe_rebuild(self, graph: GraphStore, seq: int) -> None:
+        """Rebuild the reversed graph from ``graph`` when deletions pile up and no later batch
+        is recorded (under the lock: the writer's next batch waits for it)."""
+        stale = self._deleted > self.rebuild_ratio * max(graph.num_edges, 1) + 1000
+        if stale and not self._pending and self.store.graph.seq == seq:
+            self._reverse, self._deleted = reversed_graph(graph), 0
+            self.stats.rebuilds += 1
+
+    def _count(self, batches: int, rows: int, start: float) -> None:
+        stats = self.stats
+        stats.refreshes, stats.batches, stats.rows = (
+            stats.refreshes + 1,
+            stats.batches + batches,
+            stats.rows + rows,
+        )
+        stats.last_ms = (time.perf_counter() - start) * 1e3
