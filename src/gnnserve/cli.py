@@ -61,6 +61,8 @@ SERVE_FLAGS: tuple[tuple[str, str], ...] = (
     ("--gamma", "embeddings.gamma"),
     ("--policy", "embeddings.policy"),
     ("--max-new-nodes", "embeddings.max_new_nodes"),
+    ("--no-pe-refresh", "embeddings.refresh"),
+    ("--pe-staleness", "embeddings.pe_staleness"),
     ("--max-body-bytes", "server.max_body_bytes"),
     ("--api-keys", "server.api_keys"),
     ("--insecure", "server.insecure"),

@@ -195,6 +195,19 @@ class EmbeddingsConfig(_Strict):
         "query_edges_ratio", description="default SRPE policy: which candidates are recomputed"
     )
     max_new_nodes: int = Field(1024, ge=1, description="new nodes per request before 413")
+    refresh: bool = Field(
+        True,
+        description="with --update-log: keep the PEs current in the background as batches "
+        "commit (their affected rows recomputed; the PEs are held in memory), instead of "
+        "refusing new-node requests as stale (409) after the first batch",
+    )
+    pe_staleness: int = Field(
+        0,
+        ge=0,
+        description="with the refresher: answer new-node requests with PEs at most this many "
+        "batches behind the graph (the answer reports pe_version and pe_lag); a request "
+        "beyond it waits for the refresh up to its deadline, then 503",
+    )
 
 
 class ServerConfig(_Strict):

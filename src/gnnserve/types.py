@@ -144,6 +144,8 @@ class NewNodeInfo:
     recomputed: np.ndarray  # int64 [s] existing ids whose PEs were recomputed, ascending
     logits: torch.Tensor  # float32 [m, C]: every output kind can be derived from these two
     embedding: torch.Tensor  # float32 [m, H]
+    pe_version: str | None = None  # graph version the PEs are of, when they follow the graph
+    pe_lag: int = 0  # batches the PEs were behind the graph version answered at
 
 
 @dataclass

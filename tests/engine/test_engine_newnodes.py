@@ -26,6 +26,7 @@ from gnnserve.errors import (
     ShuttingDownError,
     StaleEmbeddingsError,
     TooManyNodesError,
+    UnavailableError,
 )
 from gnnserve.features import open_feature_store
 from gnnserve.graph import open_graph_store
@@ -234,9 +235,10 @@ def _updatable(pe_store: Path, ckpt: Path, log: Path, **overrides: object) -> En
     )
 
 
-def test_graph_update_makes_embeddings_stale(pe_store, small_ckpt, tmp_path) -> None:
+def test_graph_update_makes_fixed_embeddings_stale(pe_store, small_ckpt, tmp_path) -> None:
     pes = default_embeddings_dir(pe_store, small_ckpt)
-    with _updatable(pe_store, small_ckpt, tmp_path / "log") as engine:
+    fixed = {"embeddings.refresh": False}
+    with _updatable(pe_store, small_ckpt, tmp_path / "log", **fixed) as engine:
         before = engine.predict_new_nodes(FEATURES, EDGES, NEW_EDGES, "probs")
         assert before.graph_version.endswith(".0")
         want = direct(pe_store, small_ckpt, pes)
@@ -251,13 +253,80 @@ def test_graph_update_makes_embeddings_stale(pe_store, small_ckpt, tmp_path) -> 
 
 
 def test_update_while_queued_is_caught_when_run(pe_store, small_ckpt, tmp_path) -> None:
-    with _updatable(pe_store, small_ckpt, tmp_path / "log") as engine:
+    fixed = {"embeddings.refresh": False}
+    with _updatable(pe_store, small_ckpt, tmp_path / "log", **fixed) as engine:
         gate = _Gate(engine.new_nodes, "_run")  # before the read lock is taken
         future = submit_new(engine)
         assert gate.entered.wait(30)
         engine.apply_updates([{"op": "add_edge", "src": 1, "dst": 2}])
         gate.event.set()
         assert isinstance(future.exception(30), StaleEmbeddingsError)
+
+
+UPDATES = [
+    {"op": "add_edge", "src": 1, "dst": 2},
+    {"op": "add_edge", "src": 7, "dst": 3},
+    {"op": "upsert_features", "node": 4, "features": [0.25] * 16},
+    {"op": "add_node", "features": [0.5] * 16},
+    {"op": "add_edge", "src": 2000, "dst": 1},
+]
+
+
+def _reference_after(engine: Engine, ckpt: Path, mode: str) -> NewNodeResult:
+    """The request answered from scratch on the engine's graph as it is now: a full
+    precompute of the PEs and a fresh inference over them."""
+    from gnnserve.embeddings.precompute import precompute_embeddings
+
+    store = engine.updates
+    assert store is not None
+    model = load_checkpoint(ckpt).model.eval()
+    pes = precompute_embeddings(
+        model, store.graph, store.features, model_version="x", progress=False
+    )
+    new = parse_new_nodes(
+        FEATURES, EDGES, NEW_EDGES, num_nodes=store.graph.num_nodes, feature_dim=16
+    )
+    return NewNodeInference(model, store.graph, store.features, pes).run(new, mode)
+
+
+@pytest.mark.parametrize("mode", ["srpe", "pe"])
+def test_refreshed_embeddings_answer_as_a_full_precompute_after_updates(
+    pe_store, small_ckpt, tmp_path, mode
+) -> None:
+    with _updatable(pe_store, small_ckpt, tmp_path / "log") as engine:
+        for step in range(2):
+            engine.apply_updates(UPDATES if step == 0 else UPDATES[:3])
+            got = engine.predict_new_nodes(FEATURES, EDGES, NEW_EDGES, "probs", mode=mode)
+            info = got.new_nodes
+            assert info is not None and got.graph_version.endswith(f".{step + 1}")
+            assert info.pe_version == got.graph_version and info.pe_lag == 0
+            want = _reference_after(engine, small_ckpt, mode)
+            torch.testing.assert_close(got.values, torch.softmax(want.logits, 1), atol=1e-5, rtol=0)
+        assert engine.new_nodes.fresh is not None
+        assert engine.new_nodes.fresh.refresher.stats.batches == 2
+
+
+def test_pe_staleness_answers_with_the_lag_or_503_at_the_deadline(
+    pe_store, small_ckpt, tmp_path
+) -> None:
+    staleness = {"embeddings.pe_staleness": 1}
+    with _updatable(pe_store, small_ckpt, tmp_path / "log", **staleness) as engine:
+        fresh = engine.new_nodes.fresh
+        assert fresh is not None
+        start = fresh.refresher.current()
+        gate = _Gate(fresh.refresher, "_refresh_once")
+        engine.apply_updates(UPDATES[:1])  # no node added: the old PEs cover every node
+        assert gate.entered.wait(30)
+        lagging = engine.predict_new_nodes(FEATURES, EDGES, NEW_EDGES, "probs")
+        assert lagging.new_nodes is not None and lagging.new_nodes.pe_lag == 1
+        assert lagging.new_nodes.pe_version == start.graph_version != lagging.graph_version
+        engine.apply_updates(UPDATES[1:2])  # two behind: beyond the bound
+        with pytest.raises(UnavailableError, match="2 batches behind") as info:
+            submit_new(engine, timeout_ms=300).result(30)
+        assert info.value.http_status == 503 and info.value.field == "pe_staleness"
+        gate.event.set()
+        caught_up = engine.predict_new_nodes(FEATURES, EDGES, NEW_EDGES, "probs")
+        assert caught_up.new_nodes is not None and caught_up.new_nodes.pe_lag <= 1
 
 
 def test_shared_admission_bound_deadline_and_graceful_stop(pe_store, small_ckpt) -> None:

@@ -185,9 +185,12 @@ def test_without_embeddings_new_nodes_get_409(live_server: str) -> None:
     assert _predict(live_server, nodes=[1]).status_code == 200
 
 
-def test_graph_update_makes_new_node_requests_409(pe_store, small_ckpt, tmp_path) -> None:
+def test_graph_update_makes_new_node_requests_409_with_fixed_pes(
+    pe_store, small_ckpt, tmp_path
+) -> None:
     pes = default_embeddings_dir(pe_store, small_ckpt)
     overrides = {"store.update_log": str(tmp_path / "log"), "embeddings.path": str(pes)}
+    overrides["embeddings.refresh"] = False  # type: ignore[assignment]
     with serving(build_engine(config(pe_store, small_ckpt, **overrides))) as url:
         assert _predict(url, new_nodes=NEW_NODES).status_code == 200
         ops = [{"op": "add_edge", "src": 1, "dst": 2}]
@@ -198,6 +201,27 @@ def test_graph_update_makes_new_node_requests_409(pe_store, small_ckpt, tmp_path
         err = stale.json()["error"]
         assert err["kind"] == "stale_embeddings" and "gnnserve precompute" in err["message"]
         assert _predict(url, nodes=[2]).json()["graph_version"] == r.json()["graph_version"]
+
+
+def test_refreshed_pes_answer_after_an_update_and_report_their_version(
+    pe_store, small_ckpt, tmp_path
+) -> None:
+    pes = default_embeddings_dir(pe_store, small_ckpt)
+    overrides = {"store.update_log": str(tmp_path / "log"), "embeddings.path": str(pes)}
+    with serving(build_engine(config(pe_store, small_ckpt, **overrides))) as url:
+        first = _predict(url, new_nodes=NEW_NODES).json()
+        assert first["pe_version"] == first["graph_version"] and first["pe_lag"] == 0
+        ops = [{"op": "add_edge", "src": 1, "dst": 2}]
+        r = httpx.post(f"{url}/v1/graph/updates", json={"ops": ops})
+        assert r.status_code == 200, r.text
+        after = _predict(url, new_nodes=NEW_NODES)
+        assert after.status_code == 200, after.text  # no 409: the PEs followed the update
+        body = after.json()
+        assert body["graph_version"] == body["pe_version"] == r.json()["graph_version"]
+        assert body["pe_lag"] == 0
+    with serving(build_engine(config(pe_store, small_ckpt))) as fixed:  # no update log
+        body = _predict(fixed, new_nodes=NEW_NODES).json()
+        assert body["pe_version"] is None and body["pe_lag"] is None
 
 
 def _tensor(name: str, shape: list[int], datatype: str, data: list[object]) -> dict[str, object]:

@@ -23,6 +23,7 @@ from gnnserve.config import ServeConfig
 from gnnserve.dynamic import bulk
 from gnnserve.dynamic.store import DynamicStore, UpdateResult
 from gnnserve.embeddings.base import EmbeddingStore
+from gnnserve.embeddings.refresher import PeRefresher
 from gnnserve.engine.admission import Admission
 from gnnserve.engine.batcher import STOP, Batch, Batcher, cost_bound, slo_cap
 from gnnserve.engine.delay import Backlog
@@ -61,6 +62,7 @@ class Engine:
         updates: DynamicStore | None = None,
         embeddings: EmbeddingStore | None = None,
         embeddings_error: GnnServeError | None = None,
+        refresher: PeRefresher | None = None,
     ) -> None:
         self.config = config or ServeConfig()
         self.updates = updates  # the mutable store behind graph/features, when there is one
@@ -117,6 +119,7 @@ class Engine:
             reads=graph,
             unavailable=embeddings_error,
             run=self.executor.run_new_nodes,
+            fresh=refresher,
         )
 
     # lifecycle -------------------------------------------------------------------------------

@@ -11,12 +11,15 @@ from __future__ import annotations
 import logging
 import math
 import time
+from dataclasses import replace
 
 from gnnserve.config import ServeConfig
 from gnnserve.data.blobs import open_blobs
 from gnnserve.data.layout import verify_checksum
 from gnnserve.dynamic.store import DynamicStore
 from gnnserve.embeddings.base import EmbeddingStore
+from gnnserve.embeddings.chunked import ChunkedEmbeddings
+from gnnserve.embeddings.refresher import PeRefresher
 from gnnserve.embeddings.stores import default_embeddings_dir, open_embeddings
 from gnnserve.engine.engine import Engine
 from gnnserve.engine.executor import check_deploy
@@ -38,6 +41,7 @@ from gnnserve.graph.base import GraphStore
 from gnnserve.graph.remote import RemoteCSR, RemoteGraphStore
 from gnnserve.models.checkpoint import load_checkpoint
 from gnnserve.models.runner import ModelRunner
+from gnnserve.models.zoo import GNN
 from gnnserve.newnodes.service import check_embeddings
 from gnnserve.sampling.metrics import fap
 from gnnserve.urls import resolve
@@ -90,10 +94,11 @@ def build_engine(config: ServeConfig) -> Engine:
     )
     try:
         pes, problem = load_embeddings(config, store.view, ckpt.version)  # after the replay
+        refresher = _refresher(config, ckpt.model, store, pes)
     except BaseException:
         store.close()
         raise
-    return Engine(
+    engine = Engine(
         store.view,
         store.features,
         runner,
@@ -101,7 +106,24 @@ def build_engine(config: ServeConfig) -> Engine:
         updates=store,
         embeddings=pes,
         embeddings_error=problem,
+        refresher=refresher,
     )
+    if refresher is not None:
+        engine.on_stop.append(refresher.close)
+    return engine
+
+
+def _refresher(
+    config: ServeConfig, model: GNN, store: DynamicStore, pes: EmbeddingStore | None
+) -> PeRefresher | None:
+    """The background PE refresher over ``store`` when PEs are served and it is on (the PEs
+    copied into memory chunks; they match the replayed store: load_embeddings checked)."""
+    if pes is None or not config.embeddings.refresh:
+        return None
+    layers = [pes.layer(layer) for layer in range(1, pes.num_layers + 1)]
+    chunked = ChunkedEmbeddings.from_layers(replace(pes.meta), layers)
+    log.info("precomputed embeddings follow the update log (refreshed in the background)")
+    return PeRefresher(model, store, chunked)
 
 
 def _tiered(

@@ -29,6 +29,7 @@ import numpy as np
 
 from gnnserve.config import AdmissionConfig, EmbeddingsConfig
 from gnnserve.embeddings.base import EmbeddingStore
+from gnnserve.embeddings.refresher import PeRefresher
 from gnnserve.errors import (
     DeadlineExceededError,
     GnnServeError,
@@ -40,6 +41,7 @@ from gnnserve.errors import (
 from gnnserve.features.base import FeatureStore
 from gnnserve.graph.base import GraphStore
 from gnnserve.models.runner import ModelRunner
+from gnnserve.newnodes.fresh import FreshEmbeddings, Pinned, ReadLock
 from gnnserve.newnodes.inference import NewNodeInference
 from gnnserve.newnodes.result import NewNodeResult, RunOptions, run_options
 from gnnserve.types import NewNodeInfo, NewNodes, Request, Result, StageTimings, Ticket
@@ -120,16 +122,6 @@ class SharedAdmission(Protocol):
         """A fresh request id."""
 
 
-class ReadLock(Protocol):
-    """Pins the graph's content while a request reads it (the graph itself, or its read view)."""
-
-    def acquire_read(self) -> str:
-        """Pin the current version; returns it."""
-
-    def release_read(self) -> None:
-        """End a read started with ``acquire_read``."""
-
-
 RunNewNodes = Callable[[NewNodeInference, NewNodes, str, RunOptions], NewNodeResult]
 
 
@@ -151,7 +143,10 @@ class NewNodeService:
     its delay predictions. ``config`` gives the limit on new nodes per request (its defaults
     are filled in at validation, ``engine.requests``). The :class:`NewNodeInference` is built
     on first use; ``run`` answers each admitted request with it (default :func:`run_locally`;
-    an executor may run some modes elsewhere, e.g. CGP workers).
+    an executor may run some modes elsewhere, e.g. CGP workers). With ``fresh`` (a
+    :class:`~gnnserve.embeddings.refresher.PeRefresher`), the PEs follow the graph: each request
+    reads a (graph version, PE version) pair within ``config.pe_staleness`` batches
+    (:mod:`.fresh`) and is never refused as stale.
     """
 
     def __init__(
@@ -167,6 +162,7 @@ class NewNodeService:
         reads: ReadLock | None = None,
         unavailable: GnnServeError | None = None,
         run: RunNewNodes = run_locally,
+        fresh: PeRefresher | None = None,
     ) -> None:
         self.runner = runner
         self.graph = graph
@@ -184,6 +180,11 @@ class NewNodeService:
         self._inference: NewNodeInference | None = None
         self._inference_lock = threading.Lock()
         self._thread: threading.Thread | None = None
+        # PEs that follow the graph (the refresher's versions) instead of fixed ones
+        self.fresh = None
+        if fresh is not None:
+            nodes = lambda: graph.num_nodes  # noqa: E731 - the pinned version's, in the caller
+            self.fresh = FreshEmbeddings(fresh, self.reads, nodes, config.pe_staleness)
 
     # lifecycle -------------------------------------------------------------------------------
     def start(self) -> None:
@@ -231,7 +232,8 @@ class NewNodeService:
         assert new is not None, "an existing-node request"
         if admission.closed:
             raise ShuttingDownError("server is shutting down")
-        check_embeddings(self.pes(), self.runner.version, self.graph)  # re-checked when run
+        if self.fresh is None:  # fixed PEs: re-checked when run
+            check_embeddings(self.pes(), self.runner.version, self.graph)
         future: Future[Result] = Future()
         with self._lock:
             now = time.perf_counter()
@@ -240,6 +242,12 @@ class NewNodeService:
             self.backlog.enqueue(new.count)
             self._queue.put(Ticket(request, admission.next_id(), now, deadline, future))
         return future
+
+    def _build(self, pes: EmbeddingStore) -> NewNodeInference:
+        return NewNodeInference(
+            self.runner.model, self.graph, self.features, pes,
+            max_new_nodes=self.config.max_new_nodes,
+        )  # fmt: skip
 
     def pes(self) -> EmbeddingStore:
         """The precomputed embeddings; without them MissingEmbeddingsError (409), or the error
@@ -279,6 +287,8 @@ class NewNodeService:
 
     def _warm_up(self) -> None:
         """Build the overlay and importance scores before the first request needs them."""
+        if self.fresh is not None:
+            return  # built per (graph, PE) version, under each request's pin
         self.reads.acquire_read()  # a mutable store must not change while its copy is taken
         try:
             _ = self.inference().importance
@@ -295,10 +305,20 @@ class NewNodeService:
         new = request.new
         assert new is not None
         mode, opts = run_options(request.options)
-        graph_version = self.reads.acquire_read()
+        pinned: Pinned | None = None
+        if self.fresh is not None:
+            pinned = self.fresh.pin(ticket.deadline_s)  # holds the read
+            graph_version = pinned.graph_version
+        else:
+            graph_version = self.reads.acquire_read()
         try:
-            check_embeddings(self.pes(), runner.version, self.graph)
-            out = self._run_request(self.inference(), new, mode, opts)
+            if pinned is None:
+                check_embeddings(self.pes(), runner.version, self.graph)
+                local = self.inference()
+            else:
+                assert self.fresh is not None
+                local = self.fresh.inference(pinned, self._build)
+            out = self._run_request(local, new, mode, opts)
         finally:
             self.reads.release_read()
         logits, embedding = out.logits.cpu(), out.embedding.cpu()
@@ -322,6 +342,8 @@ class NewNodeService:
             np.asarray(out.recomputed, dtype=np.int64),
             logits,
             embedding,
+            None if pinned is None else pinned.published.graph_version,
+            0 if pinned is None else pinned.lag,
         )
         nodes = np.arange(m, dtype=np.int64)
         return Result(

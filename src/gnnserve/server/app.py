@@ -118,6 +118,8 @@ def new_node_fields(result: Result) -> dict[str, Any]:
         "policy": info.policy,
         "num_candidates": info.num_candidates,
         "recomputed": int(info.recomputed.size),
+        "pe_version": info.pe_version,
+        "pe_lag": info.pe_lag if info.pe_version is not None else None,
     }
 
 

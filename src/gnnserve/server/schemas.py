@@ -110,6 +110,14 @@ class PredictResponse(BaseModel):
     recomputed: int | None = Field(
         None, description="existing nodes whose precomputed embeddings were recomputed"
     )
+    pe_version: str | None = Field(
+        None,
+        description="graph version the precomputed embeddings are of, when they follow the "
+        "graph (--update-log with a refresher); null for fixed ones",
+    )
+    pe_lag: int | None = Field(
+        None, description="batches the embeddings were behind graph_version (<= --pe-staleness)"
+    )
 
 
 class ErrorDetail(BaseModel):
