@@ -76,7 +76,8 @@ def run_graph(name: str, work: Path) -> dict[str, Any]:
     if bench.y is not None and bench.test is not None:
         out["float32_test_accuracy"] = float(np.mean(full[bench.test] == bench.y[bench.test]))
     t0 = time.perf_counter()
-    choice = choose_widths(gnn, indptr, indices, bench.x, BUDGET_PTS)
+    rows = -(-bench.x.shape[0] // (FOGS * CHUNKS))  # the blobs the devices send
+    choice = choose_widths(gnn, indptr, indices, bench.x, BUDGET_PTS, chunk_rows=rows)
     out["choice"] = {
         "widths": choice.widths,
         "took_s": time.perf_counter() - t0,

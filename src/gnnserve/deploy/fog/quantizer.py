@@ -3,8 +3,8 @@
 
 The candidates (:data:`LADDER`) give each degree quartile a width of 4 to 16 bits, from the
 fewest bytes to the most. A trial quantizes the start-up readings as the devices would send them
-(:func:`~gnnserve.features.column_codec.column_round_trip`, one range per column over all rows:
-a device's chunk has narrower ranges, so the fog sees at least this precision), runs the model
+(:func:`~gnnserve.features.column_codec.column_round_trip` per blob of the devices' chunk size,
+each blob with its own column ranges), runs the model
 on the whole graph and counts the vertices whose answer (argmax) differs from float32's. A
 changed answer is the strict measure: accuracy on any labelled set moves by at most the share of
 its answers that changed. The choice is the lowest rung within ``budget_pts`` percent, found by
@@ -93,10 +93,12 @@ def choose_widths(
     features: np.ndarray,
     budget_pts: float = 0.1,
     ladder: tuple[tuple[int, int, int, int], ...] = LADDER,
+    chunk_rows: int | None = None,
 ) -> QuantizerChoice:
     """The fewest-bytes widths of ``ladder`` (ordered by bytes) whose answers change on at most
     ``budget_pts`` percent of the vertices, by bisection (see the module doc); logs each
-    trial."""
+    trial. ``chunk_rows``: the readings are packed in blobs of that many consecutive rows, as
+    the device groups send them (each blob has its own column ranges); None: one blob."""
     if not 0 <= budget_pts <= 100:
         raise InvalidInputError(f"budget_pts must be in [0, 100], got {budget_pts}", "budget_pts")
     t0 = time.perf_counter()
@@ -105,13 +107,17 @@ def choose_widths(
     raw_bytes = features.shape[0] * features.shape[1] * 4
     trials: dict[int, Trial] = {}
 
+    step = max(1, chunk_rows or features.shape[0])
+    blobs = [slice(lo, lo + step) for lo in range(0, features.shape[0], step)]
+
     def fits(rung: int) -> bool:
         bits = column_bits(degrees, ladder[rung])
-        seen = column_round_trip(features, bits)
+        seen = np.concatenate([column_round_trip(features[b], bits[b]) for b in blobs])
         changed = 100.0 * float(
             np.mean(full_graph_answers(model, indptr, indices, seen) != reference)
         )
-        ratio = raw_bytes / max(1, len(pack_columns(features, bits)))
+        packed = sum(len(pack_columns(features[b], bits[b])) for b in blobs)
+        ratio = raw_bytes / max(1, packed)
         trials[rung] = Trial(ladder[rung], changed, ratio)
         log.info("fog quantizer %s: %.3f%% answers changed, %.2fx", ladder[rung], changed, ratio)
         return changed <= budget_pts
@@ -152,17 +158,18 @@ def upload_widths(
     daq_bits: tuple[int, int, int, int] = FLOAT32_DAQ_BITS,
     budget_pts: float = 0.1,
     ladder: tuple[tuple[int, int, int, int], ...] = LADDER,
+    chunk_rows: int | None = None,
 ) -> UploadWidths:
     """The widths for a deployment's ``codec``: raw without ``compress``; DAQ's degree-aware
     widths (``daq``); 32 bits for every row (``lossless``: LZ4 alone); or ``column``, widths
-    chosen from ``ladder`` by :func:`choose_widths` (lossless when none is within
-    ``budget_pts``)."""
+    chosen from ``ladder`` by :func:`choose_widths` on blobs of ``chunk_rows`` rows (lossless
+    when none is within ``budget_pts``)."""
     degrees = np.diff(indptr)
     if not compress:
         return UploadWidths(None)
     choice = None
     if codec == "column":
-        choice = choose_widths(model, indptr, indices, features, budget_pts, ladder)
+        choice = choose_widths(model, indptr, indices, features, budget_pts, ladder, chunk_rows)
         if choice.chosen is not None:
             log.info(
                 "fog: column codec at %s bits, %.2fx fewer bytes, %.3f%% answers changed "

@@ -153,9 +153,10 @@ class FogService:
         # the codec: fograph's by default; compress=True gives another mode (the cloud) the
         # same codec, so a comparison isolates the placement from the collection gain
         compress = (mode == "fograph") if compress is None else compress
+        chunk_rows = -(-graph.num_nodes // (self.world * max(1, chunks)))  # a device chunk's
         widths = upload_widths(
             model, self.indptr, self.indices, self.features, compress, codec, daq_bits,
-            accuracy_budget_pts,
+            accuracy_budget_pts, chunk_rows=chunk_rows,
         )  # fmt: skip
         # the per-vertex widths, what the device groups pack with (daq | column) and the
         # column codec's calibration
