@@ -43,6 +43,7 @@ SERVE_FLAGS: tuple[tuple[str, str], ...] = (
     ("--torch-threads", "compute.torch_threads"),
     ("--kernel-threads", "compute.kernel_threads"),
     ("--no-warm-up", "compute.warm_up"),
+    ("--result-cache", "compute.result_cache_mb"),
     ("--update-log", "store.update_log"),
     ("--fsync", "store.fsync"),
     ("--tiers", "store.tiers"),

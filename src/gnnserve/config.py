@@ -142,6 +142,13 @@ class ComputeConfig(_Strict):
         "parallel gathers); unset: every core. The stages run in threads of their own beside "
         "the event loop: on a small machine shared with clients, 1 keeps the loop responsive",
     )
+    result_cache_mb: float = Field(
+        0.0,
+        ge=0,
+        description="cache existing nodes' full-neighbourhood answers (every fanout -1) up to "
+        "this many MiB, kept valid across graph updates: a batch drops the answers it can "
+        "change (0: off)",
+    )
     warm_up: bool = Field(
         True,
         description="run the request path once at start-up (numba compiles its kernels for this "

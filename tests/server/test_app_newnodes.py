@@ -13,6 +13,7 @@ import torch
 
 from gnnserve.embeddings.stores import default_embeddings_dir
 from gnnserve.engine.loader import build_engine
+from tests.deploy.servers import metric
 from tests.engine.test_engine_newnodes import EDGES, FEATURES, NEW_EDGES, config, direct
 from tests.server.conftest import serving
 
@@ -208,6 +209,7 @@ def test_refreshed_pes_answer_after_an_update_and_report_their_version(
 ) -> None:
     pes = default_embeddings_dir(pe_store, small_ckpt)
     overrides = {"store.update_log": str(tmp_path / "log"), "embeddings.path": str(pes)}
+    overrides["compute.result_cache_mb"] = 1  # type: ignore[assignment]
     with serving(build_engine(config(pe_store, small_ckpt, **overrides))) as url:
         first = _predict(url, new_nodes=NEW_NODES).json()
         assert first["pe_version"] == first["graph_version"] and first["pe_lag"] == 0
@@ -219,6 +221,12 @@ def test_refreshed_pes_answer_after_an_update_and_report_their_version(
         body = after.json()
         assert body["graph_version"] == body["pe_version"] == r.json()["graph_version"]
         assert body["pe_lag"] == 0
+        assert metric(url, "gnnserve_pe_refresh_batches") == 1
+        assert metric(url, "gnnserve_pe_refresh_lag_batches") == 0
+        for _ in range(2):  # full-neighbourhood answers: the second one from the cache
+            assert _predict(url, nodes=[7, 9]).status_code == 200
+        assert metric(url, "gnnserve_result_cache_hits") == 1
+        assert metric(url, "gnnserve_result_cache_entries") == 2
     with serving(build_engine(config(pe_store, small_ckpt))) as fixed:  # no update log
         body = _predict(fixed, new_nodes=NEW_NODES).json()
         assert body["pe_version"] is None and body["pe_lag"] is None

@@ -10,10 +10,8 @@ and recomputes those rows layer by layer (:mod:`.refresh`), and publishes the re
 :class:`~.chunked.ChunkedEmbeddings` version tagged with ``v``, atomically: one reference swap;
 chunks the refresh did not touch are shared, readers of the previous version keep it.
 
-The affected sets need the graph's out-edges. The refresher keeps a reversed copy of the graph
-that every batch's inserted edges reach at once and its deletions never do (so it holds a
-superset of the out-edges of every version it may refresh to: a superset of the affected sets,
-still exact); it is rebuilt from the graph when deleted edges pile up and nothing is pending.
+The affected sets need the graph's out-edges: :class:`~.tracking.OutEdges` (a superset of
+them, rebuilt from the graph when deleted edges pile up and nothing is pending).
 """
 
 from __future__ import annotations
@@ -25,11 +23,11 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from gnnserve.dynamic.graph import DynamicGraph
 from gnnserve.dynamic.store import DynamicStore
-from gnnserve.embeddings.affected import AffectedSets, BatchChanges
+from gnnserve.embeddings.affected import BatchChanges
 from gnnserve.embeddings.chunked import ChunkedEmbeddings
 from gnnserve.embeddings.refresh import refresh_rows
+from gnnserve.embeddings.tracking import OutEdges
 from gnnserve.graph.base import GraphStore
 from gnnserve.graph.events import INSERT, NeighborsOf
 from gnnserve.models.zoo import GNN
@@ -57,42 +55,6 @@ class RefreshStats:
     rebuilds: int = 0  # reversed-graph rebuilds
 
 
-class _Reversed(GraphStore):
-    """A graph given by its in-neighbour CSR, as a GraphStore (the reversed graph's base)."""
-
-    def __init__(self, meta: object, indptr: np.ndarray, indices: np.ndarray) -> None:
-        super().__init__(meta)  # type: ignore[arg-type]
-        self._csr = (indptr, np.asarray(indices, np.int64))
-
-    @property
-    def num_nodes(self) -> int:
-        return int(self._csr[0].size - 1)
-
-    @property
-    def num_edges(self) -> int:
-        return int(self._csr[1].size)
-
-    @property
-    def version(self) -> str:
-        return "reversed"
-
-    def _adjacency(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        indptr, indices = self._csr
-        return indptr[:-1], np.diff(indptr), indices
-
-
-def reversed_graph(graph: GraphStore) -> DynamicGraph:
-    """A DynamicGraph whose in-neighbours are ``graph``'s out-neighbours."""
-    indptr, indices = graph.csr()
-    n = graph.num_nodes
-    dst = np.repeat(np.arange(n, dtype=np.int64), np.diff(indptr))
-    src = np.asarray(indices, np.int64)
-    order = np.argsort(src, kind="stable")
-    out_indptr = np.zeros(n + 1, np.int64)
-    np.cumsum(np.bincount(src, minlength=n), out=out_indptr[1:])
-    return DynamicGraph(_Reversed(graph.meta, out_indptr, dst[order]))
-
-
 class PeRefresher:
     """Keeps ``pes`` (of ``model``, at the store's current version) current with ``store``
     (module doc). Build it while no batch is being applied (at start-up): batches before it
@@ -114,12 +76,10 @@ class PeRefresher:
         self.model, self.store, self.chunk_edges = model.eval(), store, chunk_edges
         self.rebuild_ratio = rebuild_ratio
         self.stats = RefreshStats()
-        self._affected = AffectedSets(len(pes.meta.dims), model.needs_degree)
         self._published = Published(pes, graph.version, graph.seq)
         self._pending: list[tuple[int, BatchChanges]] = []
-        self._deleted = 0  # deletions the reversed graph still holds
-        self._lock = threading.Condition()  # pending, reversed graph, published
-        self._reverse = reversed_graph(graph)
+        self._lock = threading.Condition()  # pending, out-edges, published
+        self._out = OutEdges(graph, len(pes.meta.dims), model.needs_degree)
         self._stop = False
         self._thread = threading.Thread(target=self._loop, name="pe-refresher", daemon=True)
         self._thread.start()
@@ -136,20 +96,15 @@ class PeRefresher:
     def on_add_nodes(self, count: int) -> None:
         """``count`` nodes were added (their rows are refreshed from their features)."""
         with self._lock:
-            first = self._reverse.num_nodes
-            self._reverse.add_nodes(count)
-        self._record(BatchChanges(np.zeros(0, np.int64), added=np.arange(first, first + count)))
+            added = self._out.add_nodes(count)
+        self._record(BatchChanges(np.zeros(0, np.int64), added=added))
 
     def on_edge_events(
         self, kinds: np.ndarray, srcs: np.ndarray, dsts: np.ndarray, neighbors_of: NeighborsOf
     ) -> None:
         """Edge events: their destinations' in-neighbourhoods changed."""
-        inserts = kinds == INSERT
         with self._lock:
-            if inserts.any():
-                ones = np.ones(int(inserts.sum()), bool)
-                self._reverse.apply_edge_events(ones, dsts[inserts], srcs[inserts])
-            self._deleted += int((~inserts).sum())
+            self._out.edge_events(kinds == INSERT, srcs, dsts)
         self._record(BatchChanges(np.asarray(dsts, np.int64).copy()))
 
     def on_feature_rows(self, ids: np.ndarray) -> None:
@@ -230,18 +185,14 @@ class PeRefresher:
             np.concatenate([c.features for c in taken]),
             np.concatenate([c.added for c in taken]),
         )
-        start, degree, indices = self._reverse.adjacency()
-        # the reversed graph may hold nodes and edges of later batches: the sets may name nodes
-        # this version does not have yet (dropped) and rows it need not recompute (harmless)
-        sets = self._affected.compute(start, degree, indices, merged, self._reverse.num_nodes)
-        return [s[s < num_nodes] for s in sets]
+        return self._out.sets(merged, num_nodes)
 
     def _maybe_rebuild(self, graph: GraphStore, seq: int) -> None:
-        """Rebuild the reversed graph from ``graph`` when deletions pile up and no later batch
-        is recorded (under the lock: the writer's next batch waits for it)."""
-        stale = self._deleted > self.rebuild_ratio * max(graph.num_edges, 1) + 1000
+        """Rebuild the out-edges from ``graph`` when deletions pile up and no later batch is
+        recorded (under the lock: the writer's next batch waits for it)."""
+        stale = self._out.stale(graph.num_edges, self.rebuild_ratio)
         if stale and not self._pending and self.store.graph.seq == seq:
-            self._reverse, self._deleted = reversed_graph(graph), 0
+            self._out.rebuild(graph)
             self.stats.rebuilds += 1
 
     def _count(self, batches: int, rows: int, start: float) -> None:

@@ -25,6 +25,7 @@ from gnnserve.dynamic.store import DynamicStore, UpdateResult
 from gnnserve.embeddings.base import EmbeddingStore
 from gnnserve.embeddings.refresher import PeRefresher
 from gnnserve.engine.admission import Admission
+from gnnserve.engine.answer_cache import AnswerCache
 from gnnserve.engine.batcher import STOP, Batch, Batcher, cost_bound, slo_cap
 from gnnserve.engine.delay import Backlog
 from gnnserve.engine.executor import EXECUTORS, ExecutionContext, Executor
@@ -73,6 +74,7 @@ class Engine:
         self.psgs = self.planner.psgs  # expected sampled nodes per seed (None: graph changes)
         if updates is not None and self.planner.presampler is not None:
             updates.subscribe(self.planner.presampler)  # built from this version's CSR
+        self.answer_cache = self._answer_cache(graph, runner, updates)
         self.admission = Admission(
             self.config.admission,
             self.config.batcher.max_batch_nodes,
@@ -260,9 +262,52 @@ class Engine:
             self.start()
         if request.new is not None:
             return self.new_nodes.submit(request)
+        cached = self.answer_cache is not None and self._full_neighbourhood(request)
+        if cached:
+            hit = self._cached(request)
+            if hit is not None:
+                return hit
         ticket = self.admission.admit(request)
+        if cached:
+            ticket.future.add_done_callback(self._keep_answer)
         self._inbox.put(ticket)
         return ticket.future
+
+    # answer cache ----------------------------------------------------------------------------
+    def _answer_cache(
+        self, graph: GraphStore, runner: ModelRunner, updates: DynamicStore | None
+    ) -> AnswerCache | None:
+        mb = self.config.compute.result_cache_mb
+        if mb <= 0:
+            return None
+        model = runner.model
+        seq = (lambda: updates.graph.seq) if updates is not None else (lambda: 0)
+        cache = AnswerCache(
+            graph, int(mb * 2**20), model.config.num_layers, model.needs_degree, seq
+        )
+        if updates is not None:
+            updates.subscribe(cache)
+        return cache
+
+    def _full_neighbourhood(self, request: Request) -> bool:
+        fanouts = request.options.fanouts or self.planner.default
+        return all(f == -1 for f in fanouts)
+
+    def _cached(self, request: Request) -> Future[Result] | None:
+        """A done future with the cached answer of ``request``, or None (a miss)."""
+        assert self.answer_cache is not None
+        runner = self.executor.context.runner
+        result = self.answer_cache.answer(self.graph, request, runner.version, self.admission)
+        if result is None:
+            return None
+        future: Future[Result] = Future()
+        future.set_result(result)
+        return future
+
+    def _keep_answer(self, future: Future[Result]) -> None:
+        if not future.cancelled() and future.exception() is None:
+            assert self.answer_cache is not None
+            self.answer_cache.keep(future.result())
 
     async def asubmit(self, request: Request) -> Result:
         """Awaitable :meth:`submit`, for asyncio servers."""

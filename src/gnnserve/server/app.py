@@ -157,6 +157,23 @@ def _limit_and_guard(
         app.add_middleware(RequireApiKey, keys=api_keys, on_reject=_count(metrics))
 
 
+def _watch_freshness(metrics: ServerMetrics, engine: Engine) -> None:
+    """/metrics for the answer cache and the PE refresher, when they run."""
+    cache = engine.answer_cache
+    if cache is not None:
+        metrics.watch_stats(
+            "result_cache",
+            lambda: dataclasses.asdict(cache.stats) | {"bytes": cache.bytes, "entries": len(cache)},
+        )
+    fresh = engine.new_nodes.fresh
+    if fresh is not None:
+        refresher = fresh.refresher
+        metrics.watch_stats(
+            "pe_refresh",
+            lambda: dataclasses.asdict(refresher.stats) | {"lag_batches": refresher.lag()},
+        )
+
+
 def _count(metrics: ServerMetrics) -> Callable[[str], None]:
     return lambda kind: metrics.errors.labels(kind).inc()
 
@@ -183,6 +200,7 @@ def create_app(
     loop_lag = LoopLag(observe=metrics.loop_lag.observe)
     engine.observers.append(metrics.observe_batch)
     metrics.watch_executor(engine.executor.describe)
+    _watch_freshness(metrics, engine)
     metrics.watch_routing(engine.planner.parallel_threshold, engine.batcher.config.max_batch_cost)
     metrics.also_render(tier_stats(lambda: engine.features))
 

@@ -77,6 +77,11 @@ class ServerMetrics:
         (the mode) and one ``gnnserve_deploy_<key>`` gauge per numeric entry."""
         self.registry.register(_ExecutorCollector(describe))
 
+    def watch_stats(self, prefix: str, stats: Callable[[], dict[str, float]]) -> None:
+        """Export ``stats()`` on every scrape, one ``gnnserve_<prefix>_<key>`` gauge per entry
+        (counters that only grow, and levels such as bytes held)."""
+        self.registry.register(_StatsCollector(prefix, stats))
+
     def observe_batch(self, batch: Batch) -> None:
         """Engine observer: record stage times and the batch size."""
         for stage, ms in batch.stage_ms.items():
@@ -119,3 +124,15 @@ class _ExecutorCollector:
         for key, value in about.items():
             if isinstance(value, int | float) and not isinstance(value, bool):
                 yield GaugeMetricFamily(f"gnnserve_deploy_{key}", f"executor: {key}", value=value)
+
+
+class _StatsCollector:
+    """Collects a component's counters at scrape time (:meth:`ServerMetrics.watch_stats`)."""
+
+    def __init__(self, prefix: str, stats: Callable[[], dict[str, float]]) -> None:
+        self._prefix, self._stats = prefix, stats
+
+    def collect(self) -> Iterator[Metric]:
+        for key, value in self._stats().items():
+            name = f"gnnserve_{self._prefix}_{key}"
+            yield GaugeMetricFamily(name, f"{self._prefix}: {key}", value=float(value))
