@@ -7,15 +7,19 @@ an out-adjacency built once per batch outside the timing: a refresher would keep
 the refresh of those rows (``embeddings.refresh``) and a full precompute of the new graph. The
 refreshed PEs must equal the full ones (max abs difference recorded). Medians over batches.
 
-    python bench/fresh.py [--quick]     # fb100_cornell5 and R-MAT 2^20 (--quick: fb100 only)
+Then (``bench/fresh_stream.py``) the refresher behind a live stream: isolated batches (refresh
+vs full precompute through the real refresher on a DynamicStore), paced streams of 100 / 1,000 /
+10,000 edges/s (freshness lag p50/p99, refreshed PEs and new-node answers against a full
+precompute at the same version), and the answer cache on a Zipf request stream with updates.
 
-Not measured yet (issue 29 parts 2-4): freshness lag under a stream, new-node answers under the
-stream, the answer cache; the refresh here runs on one thread beside nothing.
+    python bench/fresh.py [--quick]     # fb100_cornell5 and R-MAT 2^20 (--quick: fb100 only)
+    python bench/fresh.py --sections stream,cache
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import tempfile
 import time
 from pathlib import Path
@@ -24,7 +28,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from common import DATASETS, median_range, strict, write_results
+import fresh_stream
+from common import DATASETS, RESULTS, environment, median_range, strict
 from gnnserve.data import generators
 from gnnserve.data.writer import GraphData, write_store
 from gnnserve.embeddings.affected import AffectedSets, BatchChanges, out_adjacency
@@ -103,18 +108,49 @@ def run_graph(name: str, batches: int, work: Path) -> dict[str, Any]:
     return out
 
 
+def run_stream(name: str, sections: str, seconds: float, work: Path) -> dict[str, Any]:
+    """The stream sections on graph ``name`` (SAGE-2, 64 hidden; the store written once)."""
+    edges, x, n = _graph(name)
+    store = work / "base"
+    write_store(GraphData(name, n, edges, x), store)
+    torch.manual_seed(0)
+    model = GNN(ModelConfig("sage", in_dim=64, hidden_dim=64, out_dim=4, num_layers=2)).eval()
+    out: dict[str, Any] = {}
+    if "isolated" in sections:
+        out["isolated"] = fresh_stream.isolated(model, store, work, BATCH_EDGES, 5)
+    if "stream" in sections:
+        out["stream"] = [
+            fresh_stream.stream(model, store, work, rate, 100, seconds)
+            for rate in (100.0, 1_000.0, 10_000.0)
+        ]
+    if "cache" in sections and name == "fb100_cornell5":
+        out["cache"] = fresh_stream.cache(store, work, 2_000, 50, 100, 64.0)
+    return out
+
+
 def main() -> None:
     """Both graphs (fb100 only with --quick); results/fresh.json."""
     p = argparse.ArgumentParser(description=(main.__doc__ or "").splitlines()[0])
     p.add_argument("--quick", action="store_true")
     p.add_argument("--batches", type=int, default=3)
+    p.add_argument("--sections", default="batch,isolated,stream,cache")
+    p.add_argument("--seconds", type=float, default=10.0, help="length of each paced stream")
     args = p.parse_args()
     names = ["fb100_cornell5"] + ([] if args.quick else ["rmat"])
-    results: dict[str, Any] = {"model": "sage 2 layers, 64 hidden, 64-dim features"}
+    name = "fresh_quick" if args.quick else "fresh"
+    path = RESULTS / f"{name}.json"
+    results: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
+    results["model"] = "sage 2 layers, 64 hidden, 64-dim features"
+    results["environment"] = environment()
     with tempfile.TemporaryDirectory() as tmp:
-        for name in names:
-            results[name] = run_graph(name, args.batches, Path(tmp) / name)
-    print(f"wrote {write_results('fresh_quick' if args.quick else 'fresh', strict(results))}")
+        for graph in names:
+            row = results.get(graph, {})
+            if "batch" in args.sections:
+                row |= run_graph(graph, args.batches, Path(tmp) / graph)
+            row |= run_stream(graph, args.sections, args.seconds, Path(tmp) / f"{graph}_s")
+            results[graph] = row
+            path.write_text(json.dumps(strict(results), indent=2, allow_nan=False, default=float))
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

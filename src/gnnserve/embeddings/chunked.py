@@ -42,8 +42,11 @@ class ChunkedEmbeddings(EmbeddingStore):
         out = np.empty((ids.size, self.meta.dims[layer - 1]), np.float32)
         which, offset = np.divmod(ids, CHUNK_ROWS)
         parts = self.chunks[layer - 1]
-        for c in np.unique(which):
-            mine = which == c
+        order = np.argsort(which, kind="stable")  # one pass per chunk over its own ids only
+        chunks, starts = np.unique(which[order], return_index=True)
+        ends = np.append(starts[1:], ids.size)
+        for c, lo, hi in zip(chunks.tolist(), starts.tolist(), ends.tolist(), strict=True):
+            mine = order[lo:hi]
             out[mine] = parts[c][offset[mine]]
         return torch.from_numpy(out)
 

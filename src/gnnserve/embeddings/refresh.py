@@ -12,6 +12,7 @@ Publishing the refreshed version atomically to readers is the caller's (the refr
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -54,7 +55,70 @@ Rows = tuple[np.ndarray, np.ndarray]  # (int64 sorted ids, float32 [len, dim] va
 ReadLayer = Callable[[int, np.ndarray], np.ndarray]  # (layer index 0..k-1, ids) -> old rows
 
 
+@dataclass
+class Piece:
+    """One chunk of a layer's rows with what its computation reads from the graph: the block
+    of their in-edges, the source ids, the sources' GCN degrees and (layer 1) features."""
+
+    rows: np.ndarray  # int64 destination ids
+    block: Block
+    src_ids: np.ndarray  # int64, destinations first
+    degree: torch.Tensor  # float32 [n_src] (zeros when the model reads none)
+    features: torch.Tensor | None  # [n_src, F] for layer 1, else None
+
+
+RefreshPlan = list[tuple[np.ndarray, list[Piece]]]  # per layer: (rows, pieces)
+
+
+def plan_refresh(
+    model: GNN,
+    graph: GraphStore,
+    features: FeatureStore,
+    affected: list[np.ndarray],
+    chunk_edges: int = 2_000_000,
+) -> RefreshPlan:
+    """Everything a refresh of the rows ``affected[l]`` reads from ``graph``/``features``, so
+    that a reader pinning a version needs the pin for this part only (:func:`run_refresh`
+    computes from the plan)."""
+    adjacency = graph.adjacency()  # no CSR copy: a refresh costs its rows, not the graph
+    plan: RefreshPlan = []
+    for index in range(len(layer_dims(model))):
+        rows = np.asarray(affected[index], np.int64)
+        pieces = []
+        for part in _chunks(adjacency[1], rows, chunk_edges) if rows.size else []:
+            block, src_ids = rows_block(*adjacency, part)
+            if model.needs_degree:
+                degree = torch.from_numpy(np.asarray(graph.gcn_degree(src_ids)))
+            else:  # the graph's degree array costs a pass over every edge the first time
+                degree = torch.zeros(src_ids.size)
+            h = features.get_valid(src_ids) if index == 0 else None
+            pieces.append(Piece(part, block, src_ids, degree, h))
+        plan.append((rows, pieces))
+    return plan
+
+
 @torch.inference_mode()
+def run_refresh(model: GNN, plan: RefreshPlan, previous: ReadLayer) -> list[Rows]:
+    """The new values of the planned rows, layer by layer. ``previous(l, ids)`` reads layer
+    ``l``'s rows from before (only ids of nodes that existed then, and only rows outside the
+    planned rows of layer ``l``)."""
+    model.eval()
+    out: list[Rows] = []
+    for index, (dim, (rows, pieces)) in enumerate(zip(layer_dims(model), plan, strict=True)):
+        values = np.empty((rows.size, dim), np.float32)
+        done = 0
+        for piece in pieces:
+            if piece.features is not None:
+                h = piece.features
+            else:
+                h = torch.from_numpy(_inputs(previous, index - 1, piece.src_ids, out[-1]))
+            result = model.layer_forward(index, h, piece.block, piece.degree)
+            values[done : done + piece.rows.size] = result.numpy()
+            done += piece.rows.size
+        out.append((rows, values))
+    return out
+
+
 def refresh_rows(
     model: GNN,
     graph: GraphStore,
@@ -64,29 +128,9 @@ def refresh_rows(
     chunk_edges: int = 2_000_000,
 ) -> list[Rows]:
     """The new values of the rows ``affected[l]`` of every layer on ``graph``/``features``
-    (after the batches), layer by layer. ``previous(l, ids)`` reads layer ``l``'s rows from
-    before (only ids of nodes that existed then, and only rows outside ``affected[l]``)."""
-    adjacency = graph.adjacency()  # no CSR copy: a refresh costs its rows, not the graph
-    model.eval()
-    out: list[Rows] = []
-    for index, dim in enumerate(layer_dims(model)):
-        rows = np.asarray(affected[index], np.int64)
-        values = np.empty((rows.size, dim), np.float32)
-        done = 0
-        for part in _chunks(adjacency[1], rows, chunk_edges) if rows.size else []:
-            block, src_ids = rows_block(*adjacency, part)
-            if index == 0:
-                h = features.get_valid(src_ids)
-            else:
-                h = torch.from_numpy(_inputs(previous, index - 1, src_ids, out[-1]))
-            if model.needs_degree:
-                degree = torch.from_numpy(np.asarray(graph.gcn_degree(src_ids)))
-            else:  # the graph's degree array costs a pass over every edge the first time
-                degree = torch.zeros(src_ids.size)
-            values[done : done + part.size] = model.layer_forward(index, h, block, degree).numpy()
-            done += part.size
-        out.append((rows, values))
-    return out
+    (after the batches): :func:`plan_refresh`, then :func:`run_refresh`."""
+    plan = plan_refresh(model, graph, features, affected, chunk_edges)
+    return run_refresh(model, plan, previous)
 
 
 def _inputs(previous: ReadLayer, index: int, ids: np.ndarray, fresh: Rows) -> np.ndarray:

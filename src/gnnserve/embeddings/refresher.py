@@ -6,7 +6,9 @@ committed batch it records what changed (edge destinations, rewritten features, 
 the batch's sequence number; that is all the writer waits for. A thread then pins the graph's
 newest version ``v``, takes every recorded batch up to ``v`` (batches that arrived while the
 previous refresh ran are coalesced into this one), computes their affected sets (:mod:`.affected`)
-and recomputes those rows layer by layer (:mod:`.refresh`), and publishes the result as a new
+and reads what recomputing those rows needs (:func:`~.refresh.plan_refresh`; the pin is held
+for this part only, since a writer waits for pinned readers), then recomputes them layer by layer
+unpinned (:func:`~.refresh.run_refresh`) and publishes the result as a new
 :class:`~.chunked.ChunkedEmbeddings` version tagged with ``v``, atomically: one reference swap;
 chunks the refresh did not touch are shared, readers of the previous version keep it.
 
@@ -26,7 +28,7 @@ import numpy as np
 from gnnserve.dynamic.store import DynamicStore
 from gnnserve.embeddings.affected import BatchChanges
 from gnnserve.embeddings.chunked import ChunkedEmbeddings
-from gnnserve.embeddings.refresh import refresh_rows
+from gnnserve.embeddings.refresh import plan_refresh, run_refresh
 from gnnserve.embeddings.tracking import OutEdges
 from gnnserve.graph.base import GraphStore
 from gnnserve.graph.events import INSERT, NeighborsOf
@@ -153,7 +155,7 @@ class PeRefresher:
     def _refresh_once(self) -> None:
         view = self.store.view
         version = view.acquire_read()  # every batch up to it has been recorded
-        try:
+        try:  # under the pin: only what the refresh reads of the graph (writers wait for it)
             start = time.perf_counter()
             # the view and the features read the pinned copy in this thread
             graph, seq = view, int(version.rsplit(".", 1)[1])
@@ -162,22 +164,21 @@ class PeRefresher:
                 batches = len({s for s, _ in self._pending if s <= seq})
                 self._pending = [(s, c) for s, c in self._pending if s > seq]
                 sets = self._sets(taken, graph.num_nodes)
-            old = self._published.pes
-            n_old = old.meta.num_nodes
-            previous = lambda i, ids: old.get(i + 1, ids).numpy()  # noqa: E731
-            fresh = refresh_rows(
-                self.model, graph, self.store.features, previous, sets, self.chunk_edges
-            )
-            meta = replace(old.meta, graph_version=version, num_nodes=graph.num_nodes)
-            pes = old.with_rows(fresh, meta)
-            assert n_old <= graph.num_nodes
+            plan = plan_refresh(self.model, graph, self.store.features, sets, self.chunk_edges)
+            num_nodes = graph.num_nodes
             with self._lock:
-                self._published = Published(pes, version, seq)
-                self._lock.notify_all()
                 self._maybe_rebuild(graph, seq)
-            self._count(batches, sum(s.size for s in sets), start)
         finally:
             view.release_read()
+        old = self._published.pes
+        previous = lambda i, ids: old.get(i + 1, ids).numpy()  # noqa: E731
+        fresh = run_refresh(self.model, plan, previous)
+        meta = replace(old.meta, graph_version=version, num_nodes=num_nodes)
+        pes = old.with_rows(fresh, meta)
+        with self._lock:
+            self._published = Published(pes, version, seq)
+            self._lock.notify_all()
+        self._count(batches, sum(s.size for s in sets), start)
 
     def _sets(self, taken: list[BatchChanges], num_nodes: int) -> list[np.ndarray]:
         merged = BatchChanges(
