@@ -42,6 +42,6 @@ def test_a_refresh_equals_a_full_precompute(
 def test_rows_block_holds_every_in_edge_of_its_rows() -> None:
     indptr, indices = np.array([0, 2, 3, 3, 5]), np.array([1, 3, 0, 0, 2])  # in-neighbours
     block, src_ids = rows_block(indptr[:-1], np.diff(indptr), indices, np.array([3, 0]))
-    assert src_ids.tolist() == [3, 0, 1, 2] and (block.n_src, block.n_dst) == (4, 2)
+    assert src_ids.tolist() == [3, 0, 2, 1] and (block.n_src, block.n_dst) == (4, 2)  # first seen
     edges = {(int(src_ids[s]), [3, 0][d]) for s, d in block.edge_index.T.tolist()}
     assert edges == {(0, 3), (2, 3), (1, 0), (3, 0)}

@@ -12,7 +12,10 @@ import torch
 from gnnserve.data.validate import check_node_ids
 from gnnserve.embeddings.base import EmbeddingMeta, EmbeddingStore
 
-CHUNK_ROWS = 1 << 14  # rows per chunk: 16,384 (a 64-wide float32 chunk is 4 MiB)
+# rows per chunk: 2,048 (a 64-wide float32 chunk is 512 KiB). Small, because a refresh copies
+# every chunk it writes a row in: a batch's few changed rows of a hidden layer, spread at random
+# over the ids, touch about one chunk each
+CHUNK_ROWS = 1 << 11
 
 
 class ChunkedEmbeddings(EmbeddingStore):
@@ -42,7 +45,8 @@ class ChunkedEmbeddings(EmbeddingStore):
         out = np.empty((ids.size, self.meta.dims[layer - 1]), np.float32)
         which, offset = np.divmod(ids, CHUNK_ROWS)
         parts = self.chunks[layer - 1]
-        order = np.argsort(which, kind="stable")  # one pass per chunk over its own ids only
+        small = which.astype(np.int32 if len(parts) > 32_000 else np.int16)
+        order = np.argsort(small, kind="stable")  # a radix sort: then each chunk's ids only
         chunks, starts = np.unique(which[order], return_index=True)
         ends = np.append(starts[1:], ids.size)
         for c, lo, hi in zip(chunks.tolist(), starts.tolist(), ends.tolist(), strict=True):
