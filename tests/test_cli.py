@@ -207,8 +207,13 @@ SERVE_FLAG_VALUES = [
     ("--cpu-budget", "8", "deploy.cpu_budget", 8.0),
     ("--nodes", "nodes.yaml", "deploy.nodes", "nodes.yaml"),
     ("--fog-mode", "strawman", "deploy.fog_mode", "strawman"),
-    ("--fog-codec", "lossless", "deploy.fog_codec", "lossless"),
+    ("--fog-codec", "column", "deploy.fog_codec", "column"),
+    ("--fog-accuracy-budget", "0.5", "deploy.fog_accuracy_budget", 0.5),
+    ("--fog-gateways", "/tmp/plan", "deploy.fog_gateways", "/tmp/plan"),
     ("--reprofile", None, "deploy.fog_reprofile", True),
+    ("--no-pe-refresh", None, "embeddings.refresh", False),
+    ("--pe-staleness", "3", "embeddings.pe_staleness", 3),
+    ("--result-cache", "64", "compute.result_cache_mb", 64.0),
 ]
 
 

@@ -76,9 +76,18 @@ def test_served_rounds_come_from_the_gateways_of_the_written_plan(
     nodes = tmp_path / "nodes.yaml"
     nodes.write_text("nodes:\n  - {name: a, link: wifi}\n  - {name: b, link: 5g}\n")
     plan_dir = tmp_path / "gateways"
-    flags = ["--deploy", "fog", "--nodes", str(nodes), "--fog-codec", "lossless"]
+    flags = [
+        "--deploy",
+        "fog",
+        "--nodes",
+        str(nodes),
+        "--fog-codec",
+        "lossless",
+        "--timeout-s",
+        "2",
+    ]
     with served(small_store, small_ckpt, *flags, "--fog-gateways", str(plan_dir)) as fog:
-        r = httpx.post(f"{fog}/v1/predict", json={"nodes": [1], "timeout_ms": 300}, timeout=30)
+        r = httpx.post(f"{fog}/v1/predict", json={"nodes": [1]}, timeout=30)  # 2 s deadline
         assert r.status_code == 503 and r.json()["error"]["field"] == "fog_gateways"
         plan = json.loads((plan_dir / "plan.json").read_text())
         owned = np.sort(np.concatenate([np.load(g["vertices"]) for g in plan["groups"]]))
