@@ -38,6 +38,19 @@ def corrupt(message: str) -> CorruptBlobError:
     return CorruptBlobError(f"packed feature blob: {message}", "blob")
 
 
+def check_header(
+    fields: tuple, magic: bytes, version: int, name: str
+) -> tuple[int, int, list[int]]:
+    """(N, F, group counts) from the header ``fields`` ``(magic, version, 0, N, F, *counts)``;
+    CorruptBlobError for another codec's or version's blob, or counts that do not sum to N."""
+    got, got_version, _, n, f, *counts = fields
+    if got != magic or got_version != version:
+        raise corrupt(f"not a version-{version} {name} blob (magic {got!r}, version {got_version})")
+    if sum(counts) != n:
+        raise corrupt(f"inconsistent header: N={n}, F={f}, group counts {counts}")
+    return n, f, counts
+
+
 def checked_features(features: np.ndarray) -> np.ndarray:
     """``features`` as float32/float64 [N, F]; InvalidInputError for another shape, NaN, inf or
     a value past float32's range (decoding gives float32)."""

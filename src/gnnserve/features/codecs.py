@@ -24,6 +24,7 @@ from gnnserve.features.blobs import (
     CHUNK_BYTES,
     CorruptBlobError,
     Layout,
+    check_header,
     checked_features,
     corrupt,
     decode_section,
@@ -82,11 +83,7 @@ def pack(features: np.ndarray, bits: np.ndarray, *, clevel: int = 5) -> bytes:
 
 
 def _layout_of(fields: tuple) -> Layout:
-    magic, version, _, n, f, *counts = fields
-    if magic != MAGIC or version != VERSION:
-        raise corrupt(f"not a version-{VERSION} DAQ blob (magic {magic!r}, version {version})")
-    if sum(counts) != n:
-        raise corrupt(f"inconsistent header: N={n}, F={f}, group counts {counts}")
+    n, f, counts = check_header(fields, MAGIC, VERSION, "DAQ")
     return _layout(n, f, counts)
 
 

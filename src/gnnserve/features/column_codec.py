@@ -34,7 +34,7 @@ from gnnserve.features.blobs import (
     read_blob,
     write_blob,
 )
-from gnnserve.features.quantize import degree_thresholds
+from gnnserve.features.quantize import check_bits, degree_thresholds
 
 MAGIC = b"GCQ1"
 VERSION = 1
@@ -45,16 +45,7 @@ _HEADER = struct.Struct(f"<4sHHQQ{len(WIDTHS)}Q")
 def check_column_bits(bits: np.ndarray, n: int) -> np.ndarray:
     """``bits`` as uint8 [n], each one of :data:`WIDTHS`; InvalidInputError naming the first
     bad entry otherwise."""
-    b = np.asarray(bits)
-    if b.ndim != 1 or b.shape[0] != n or (b.size and not np.issubdtype(b.dtype, np.integer)):
-        raise InvalidInputError(
-            f"bits must be 1-D integers, one per row ({n}), got {b.shape}", "bits"
-        )
-    bad = ~np.isin(b, WIDTHS)
-    if bad.any():
-        i = int(np.flatnonzero(bad)[0])
-        raise InvalidInputError(f"bits[{i}] = {b[i]} is not one of {WIDTHS}", "bits")
-    return b.astype(np.uint8)
+    return check_bits(bits, n, WIDTHS)
 
 
 def column_bits(degrees: np.ndarray, widths: tuple[int, int, int, int]) -> np.ndarray:

@@ -134,14 +134,16 @@ def linear_dequantize(params: np.ndarray, codes: np.ndarray) -> np.ndarray:
     return (p[:, :1] + codes.astype(np.float64) * p[:, 1:]).astype(np.float32)
 
 
-def check_bits(bits: np.ndarray, n: int) -> np.ndarray:
+def check_bits(bits: np.ndarray, n: int, widths: tuple[int, ...] = WIDTHS) -> np.ndarray:
+    """``bits`` as uint8 [n], each one of ``widths``; InvalidInputError naming the first bad
+    entry otherwise."""
     b = np.asarray(bits)
     if b.ndim != 1 or b.shape[0] != n or (b.size and not np.issubdtype(b.dtype, np.integer)):
         raise InvalidInputError(
             f"bits must be 1-D integers, one per row ({n}), got {b.shape}", "bits"
         )
-    bad = ~np.isin(b, WIDTHS)
+    bad = ~np.isin(b, widths)
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
-        raise InvalidInputError(f"bits[{i}] = {b[i]} is not one of {WIDTHS}", "bits")
+        raise InvalidInputError(f"bits[{i}] = {b[i]} is not one of {widths}", "bits")
     return b.astype(np.uint8)

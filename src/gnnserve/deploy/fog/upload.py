@@ -186,17 +186,11 @@ class Receiver:
             return True
 
     def wait(self, round_id: int, timeout_s: float = 120.0) -> None:
-        """Block until round ``round_id`` arrived from every group (InvalidInputError on a bad
-        upload, TimeoutError after ``timeout_s``)."""
-        deadline = time.monotonic() + timeout_s
+        """Block until round ``round_id`` arrived from every group, and consume it
+        (InvalidInputError on a bad upload, TimeoutError after ``timeout_s``)."""
+        if not self.arrived(round_id, timeout_s):
+            raise TimeoutError(f"round {round_id} not uploaded within {timeout_s} s")
         with self._cond:
-            while self._done.get(round_id, 0) < self.groups:
-                if self.errors:
-                    raise InvalidInputError(f"bad upload: {self.errors[-1]}", "upload")
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise TimeoutError(f"round {round_id} not uploaded within {timeout_s} s")
-                self._cond.wait(left)
             self._done.pop(round_id)
 
     def close(self) -> None:
