@@ -108,13 +108,16 @@ def run_graph(name: str, batches: int, work: Path) -> dict[str, Any]:
     return out
 
 
-def run_stream(name: str, sections: str, seconds: float, work: Path) -> dict[str, Any]:
-    """The stream sections on graph ``name`` (SAGE-2, 64 hidden; the store written once)."""
+def run_stream(
+    name: str, sections: str, seconds: float, work: Path, layers: int = 2
+) -> dict[str, Any]:
+    """The stream sections on graph ``name`` (SAGE, 64 hidden; the store written once)."""
     edges, x, n = _graph(name)
     store = work / "base"
     write_store(GraphData(name, n, edges, x), store)
     torch.manual_seed(0)
-    model = GNN(ModelConfig("sage", in_dim=64, hidden_dim=64, out_dim=4, num_layers=2)).eval()
+    config = ModelConfig("sage", in_dim=64, hidden_dim=64, out_dim=4, num_layers=layers)
+    model = GNN(config).eval()
     out: dict[str, Any] = {}
     if "isolated" in sections:
         out["isolated"] = fresh_stream.isolated(model, store, work, BATCH_EDGES, 5)
@@ -135,6 +138,7 @@ def main() -> None:
     p.add_argument("--batches", type=int, default=3)
     p.add_argument("--sections", default="batch,isolated,stream,cache")
     p.add_argument("--seconds", type=float, default=10.0, help="length of each paced stream")
+    p.add_argument("--layers", type=int, default=2, help="SAGE layers (rows: <graph>_sage<L>)")
     args = p.parse_args()
     names = ["fb100_cornell5"] + ([] if args.quick else ["rmat"])
     name = "fresh_quick" if args.quick else "fresh"
@@ -144,11 +148,13 @@ def main() -> None:
     results["environment"] = environment()
     with tempfile.TemporaryDirectory() as tmp:
         for graph in names:
-            row = results.get(graph, {})
-            if "batch" in args.sections:
+            key = graph if args.layers == 2 else f"{graph}_sage{args.layers}"
+            row = results.get(key, {})
+            if "batch" in args.sections and args.layers == 2:
                 row |= run_graph(graph, args.batches, Path(tmp) / graph)
-            row |= run_stream(graph, args.sections, args.seconds, Path(tmp) / f"{graph}_s")
-            results[graph] = row
+            work = Path(tmp) / f"{graph}_s"
+            row |= run_stream(graph, args.sections, args.seconds, work, args.layers)
+            results[key] = row
             path.write_text(json.dumps(strict(results), indent=2, allow_nan=False, default=float))
     print(f"wrote {path}")
 

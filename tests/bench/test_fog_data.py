@@ -43,11 +43,18 @@ def test_targets_compare_fograph_with_each_baseline() -> None:
     }  # fmt: skip
     targets = fog.Targets()
     trace = {"runs": [{}] * 3, "rounds_to_recover": [99, 2, 99], "median_rounds_to_recover": 99}
-    fog.check({"compare": [row], "trace": trace}, targets)
+    quantizer = [
+        {"graph": "s", "readings": "gaussian", "chosen": {"ratio": 4.3, "changed_pts": 0.12}},
+        {"graph": "b", "readings": "binary", "chosen": {"ratio": 50.0, "changed_pts": 0.0}},
+    ]
+    fog.check({"compare": [row], "trace": trace, "quantizer": quantizer}, targets)
     got = {r["name"].split(": ")[1]: (r["measured"], r["met"]) for r in targets.rows}
     assert got["cloud / fograph latency"] == (5.0, True)
     assert got["straw-man / fograph latency"] == (1.2, False)
     assert got["IEP / METIS+Greedy latency"] == (0.5, True)
     assert got["raw / DAQ+LZ4 bytes"] == (10.0, True)
-    assert got["DAQ accuracy loss (points)"] == (0.05, True)
+    assert got["DAQ+LZ4 accuracy loss (points)"] == (0.05, True)
     assert got["rounds to within 1.2x of unloaded (median of [99, 2, 99])"] == (99, False)
+    assert got["column codec, float32 / uploaded bytes"] == (4.3, True)
+    assert got["column codec, answers changed (% of vertices)"] == (0.12, False)
+    assert sum("column codec" in r["name"] for r in targets.rows) == 2  # binary rows skipped
