@@ -105,10 +105,11 @@ def test_raw_modes_answer_full_precision_inference_side_by_side(graph, ray_insta
 @pytest.mark.distributed
 @pytest.mark.slow
 def test_fograph_answers_on_the_decoded_uploads_before_and_after_a_migration(
-    graph, ray_instance
+    graph, ray_instance, caplog
 ) -> None:  # type: ignore[no-untyped-def]
     """The column codec at its coarsest (a budget every width meets: 4 bits everywhere), through
-    the device processes and a re-placement's new widths."""
+    the device processes and a re-placement's new widths. A round at 3x the start-up plan's
+    prediction is warned about, once per plan."""
     model = _model(hidden=1024)  # rounds of several ms: a quota cut shows above timer noise
     options = {"slack": 1.2, "min_excess_ms": 3.0, "codec": "column", "accuracy_budget_pts": 100}
     with FogService(model, graph, _readings(1), NODES, "fograph", **options) as svc:  # type: ignore[arg-type]
@@ -119,6 +120,7 @@ def test_fograph_answers_on_the_decoded_uploads_before_and_after_a_migration(
         np.testing.assert_allclose(report.logits, want, atol=1e-5)
         assert report.bytes_uploaded < report.raw_bytes / 5  # 4 of 32 bits, and the headers
         assert np.abs(_reference(model, graph, x) - report.logits).max() > 1e-3  # not float32's
+        _check_slow_rounds_are_warned_once(svc, x, caplog)
         if svc.quotas[2] is None:
             pytest.skip("no CPU quotas on this machine: cannot script a load change")
         svc.set_cores(2, 0.05)  # background load on the strong node
@@ -137,35 +139,30 @@ def test_fograph_answers_on_the_decoded_uploads_before_and_after_a_migration(
         assert (first == 2).mean() > 0.5  # its first move takes vertices off the slowed node
 
 
-@pytest.mark.distributed
-@pytest.mark.slow
-def test_lossless_uploads_are_exact_and_a_slow_round_is_warned_once(
-    graph, ray_instance, caplog
-) -> None:  # type: ignore[no-untyped-def]
-    """Readings of 0/1/2 (counts): DAQ's 8-bit rows would round them, lossless uploads
-    (float32 + LZ4) give plain inference on the readings themselves, in fewer bytes than raw.
-    A round at 3x the start-up plan's prediction is warned about, once per plan."""
-    rng = np.random.default_rng(4)
-    x = rng.integers(0, 3, (N, F)).astype(np.float32)
-    model = _model()
-    with FogService(model, graph, x, NODES, "fograph", codec="lossless") as svc:
-        assert svc.bits is not None and (svc.bits == 32).all()
-        assert svc.placement.predicted_round_ms is not None
-        with caplog.at_level("WARNING", logger="gnnserve.deploy.fog.service"):
-            report = svc.round(x)
-            np.testing.assert_allclose(report.logits, _reference(model, graph, x), atol=1e-5)
-            assert report.bytes_uploaded < report.raw_bytes
-            assert svc.slow_rounds == 0 or report.latency_ms >= 3 * svc.placement.predicted_round_ms
-            svc.placement.predicted_round_ms = report.latency_ms / 100  # a plan far too hopeful
-            slow = svc.slow_rounds
-            svc.round(x)
-            svc.round(x)
-        assert svc.slow_rounds == slow + 2
-        warned = [r for r in caplog.records if "the start-up plan predicted" in r.getMessage()]
-        assert len(warned) <= 1 + (svc.version != 0)  # once per plan version
-        assert warned
-    daq = _received_with_daq(graph, x)
-    assert np.abs(daq - x).max() > 1e-3  # what lossless avoids: DAQ rounds these readings
+def _check_slow_rounds_are_warned_once(svc: FogService, x: np.ndarray, caplog) -> None:  # type: ignore[no-untyped-def]
+    assert svc.placement.predicted_round_ms is not None
+    with caplog.at_level("WARNING", logger="gnnserve.deploy.fog.service"):
+        report = svc.round(x)
+        assert svc.slow_rounds == 0 or report.latency_ms >= 3 * svc.placement.predicted_round_ms
+        svc.placement.predicted_round_ms = report.latency_ms / 100  # a plan far too hopeful
+        slow, version = svc.slow_rounds, svc.version
+        caplog.clear()
+        svc.round(x)
+        svc.round(x)
+    assert svc.slow_rounds == slow + 2
+    warned = [r for r in caplog.records if "the start-up plan predicted" in r.getMessage()]
+    assert len(warned) <= 1 + (svc.version != version)  # once per plan version
+    assert svc._warned_plan == svc.version  # this plan's slow rounds were warned about
+
+
+def test_daq_rounds_count_readings_that_lossless_uploads_keep(graph) -> None:  # type: ignore[no-untyped-def]
+    """Readings of 0/1/2 (counts): DAQ's 8-bit rows would round them; lossless uploads
+    (every row float32 + LZ4) decode to the readings bit for bit, in fewer bytes than raw."""
+    x = np.random.default_rng(4).integers(0, 3, (N, F)).astype(np.float32)
+    assert np.abs(_received_with_daq(graph, x) - x).max() > 1e-3
+    blob = encode_chunk(0, 0, 1, 0, x, np.full(N, 32, np.uint8))
+    np.testing.assert_array_equal(unpack(blob[HEADER.size :]), x)
+    assert len(blob) < x.nbytes
 
 
 def _received_with_daq(graph: GraphStore, x: np.ndarray) -> np.ndarray:
