@@ -184,6 +184,29 @@ def run_trace(
     }
 
 
+def run_startup(work: Path) -> dict[str, float]:
+    """Start-up of one deployment alone (sbm20k, GCN, 4G, fograph with the column codec): the
+    first start (profiling) into an empty profile cache, then a restart that reuses it (s)."""
+    import tempfile
+
+    from gnnserve.deploy.fog.profile_cache import ProfileCache
+
+    bench = load("sbm20k", work)
+    gnn, _ = model(bench, "gcn", work)
+    out = {}
+    with tempfile.TemporaryDirectory() as cache:
+        for label in ("first_start_s", "restart_s"):
+            t0 = time.perf_counter()
+            svc = FogService(
+                gnn, bench.graph, bench.x, nodes("4g", "lan"), "fograph", codec="column",
+                profiles=ProfileCache(Path(cache)),
+            )  # fmt: skip
+            out[label] = time.perf_counter() - t0
+            svc.close()
+            print(f"[fog] start-up {label}: {out[label]:.1f} s", flush=True)
+    return out
+
+
 def run_traces(bench: BenchGraph, fog_link: str, rounds: int, repeats: int, work: Path) -> dict:
     """``repeats`` load traces (GCN, 4G, cut after round 3): each run's figures, and the
     median rounds to recover (a run that never recovers counts as 99)."""
@@ -197,7 +220,7 @@ def parse() -> argparse.Namespace:
     p.add_argument("--quick", action="store_true")
     p.add_argument("--full", action="store_true")
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--sections", default="compare,trace,exchange,quantizer")
+    p.add_argument("--sections", default="compare,trace,exchange,quantizer,startup")
     p.add_argument("--trace-repeats", type=int, default=3)
     p.add_argument("--fog-link", default="lan", help="fog <-> fog link preset (lan | wifi | ...)")
     p.add_argument("--configs", default=None, help="graph:arch:net,... instead of the default list")
@@ -247,6 +270,9 @@ def main() -> None:
             rounds = 6 if args.quick else 12
             repeats = 1 if args.quick else args.trace_repeats
             results["trace"] = run_traces(bench, args.fog_link, rounds, repeats, args.work)
+            path.write_text(json.dumps(strict(results), indent=2, allow_nan=False, default=float))
+        if "startup" in args.sections:
+            results["startup"] = run_startup(args.work)
             path.write_text(json.dumps(strict(results), indent=2, allow_nan=False, default=float))
         if "quantizer" in args.sections:
             results["quantizer"] = run_quantizer(args.work)
@@ -306,6 +332,12 @@ def check(results: dict[str, Any], targets: Targets) -> None:
             f"{key}: column codec, answers changed (% of vertices)", chosen["changed_pts"], 0.1,
             higher_is_better=False,
         )  # fmt: skip
+    startup = results.get("startup")
+    if startup:
+        for label in ("first_start_s", "restart_s"):
+            targets.check(
+                f"sbm20k start-up alone, {label}", startup[label], 30.0, higher_is_better=False
+            )
     trace = results.get("trace")
     if trace and "runs" in trace:
         back = trace["median_rounds_to_recover"]
