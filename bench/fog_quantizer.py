@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from fog_data import KINDS, BenchGraph, load, model
 from gnnserve.deploy.fog.quantizer import (
@@ -24,6 +25,7 @@ from gnnserve.deploy.fog.quantizer import (
     LADDER,
     choose_widths,
     full_graph_answers,
+    graph_edges,
 )
 from gnnserve.deploy.fog.upload import HEADER, UNPACKERS, codec_id, encode_round
 from gnnserve.features.column_codec import column_bits
@@ -49,10 +51,12 @@ def uploaded(x: np.ndarray, bits: np.ndarray, codec: str) -> tuple[int, np.ndarr
     return sent, seen
 
 
-def _arm(bench: BenchGraph, gnn: GNN, bits: np.ndarray, codec: str, full: np.ndarray) -> dict:
-    indptr, indices = bench.graph.csr()
+def _arm(
+    bench: BenchGraph, gnn: GNN, edges: torch.Tensor, bits: np.ndarray, codec: str,
+    full: np.ndarray,
+) -> dict:  # fmt: skip
     sent, seen = uploaded(bench.x, bits, codec)
-    answers = full_graph_answers(gnn, indptr, indices, seen)
+    answers = full_graph_answers(gnn, edges, seen)
     row: dict[str, Any] = {
         "bytes": sent,
         "raw_bytes": int(bench.x.nbytes),
@@ -71,7 +75,8 @@ def run_graph(name: str, work: Path) -> dict[str, Any]:
     gnn, trained = model(bench, "gcn", work)
     indptr, indices = bench.graph.csr()
     degrees = np.diff(indptr)
-    full = full_graph_answers(gnn, indptr, indices, bench.x)
+    edges = graph_edges(indptr, indices)
+    full = full_graph_answers(gnn, edges, bench.x)
     out: dict[str, Any] = {"graph": name, "readings": KINDS[name], "trained_test_acc": trained}
     if bench.y is not None and bench.test is not None:
         out["float32_test_accuracy"] = float(np.mean(full[bench.test] == bench.y[bench.test]))
@@ -84,11 +89,11 @@ def run_graph(name: str, work: Path) -> dict[str, Any]:
         "trials": [asdict(t) for t in choice.trials],
     }
     out["ladder"] = {
-        str(w): _arm(bench, gnn, column_bits(degrees, w), "column", full) for w in LADDER
+        str(w): _arm(bench, gnn, edges, column_bits(degrees, w), "column", full) for w in LADDER
     }
     daq = bits_per_vertex(degrees, DaqConfig.for_degrees(degrees, FLOAT32_DAQ_BITS))
-    out["daq"] = _arm(bench, gnn, daq, "daq", full)
-    out["lossless"] = _arm(bench, gnn, np.full(degrees.size, 32, np.uint8), "daq", full)
+    out["daq"] = _arm(bench, gnn, edges, daq, "daq", full)
+    out["lossless"] = _arm(bench, gnn, edges, np.full(degrees.size, 32, np.uint8), "daq", full)
     chosen = out["ladder"][str(choice.widths)] if choice.widths else out["lossless"]
     out["chosen"] = chosen
     print(

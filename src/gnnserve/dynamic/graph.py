@@ -79,6 +79,13 @@ def _compact(start, degree, cols, n, slack_div):  # type: ignore[no-untyped-def]
     return new_start, new_cap, new_cols, used
 
 
+def version_seq(version: str) -> int:
+    """The batches applied at a store version: ``<base checksum>.<seq>`` (a changing store's,
+    :attr:`DynamicGraph.version`) gives ``seq``; a fixed store's checksum gives 0."""
+    head, _, tail = version.rpartition(".")
+    return int(tail) if head and tail.isdigit() else 0
+
+
 class DynamicGraph(GraphStore):
     """A GraphStore whose edges and nodes change; starts as a copy of a static store."""
 

@@ -296,7 +296,7 @@ class DynamicStore:
                 twin.copy_changes(source, touched)
 
         self._replicas.write(
-            lambda r: self._change(r, batch, seq, edges, upserts=upserts),
+            lambda r: self._change(r, batch, seq, edges),
             published,
             catch_up,
             background=len(batch) >= BACKGROUND_ROWS,
@@ -310,7 +310,6 @@ class DynamicStore:
         seq: int,
         edges: EdgeArrays | None,
         listeners: bool = True,
-        upserts: np.ndarray | None = None,
     ) -> None:
         """Apply ``batch`` (``edges``: its ``edge_events()``) to one copy that no reader holds
         (and to its listeners' copies)."""
@@ -327,9 +326,7 @@ class DynamicStore:
             g.apply_edge_events(*edges)
         g.seq = seq
         for listener in replica.listeners if listeners else ():
-            _report(
-                listener, g, batch.added, edges, _upserted(batch) if upserts is None else upserts
-            )
+            _report(listener, g, batch.added, edges, _upserted(batch))
 
     def compact(self) -> None:
         """Defragment the adjacency, one copy at a time; readers keep running."""

@@ -25,6 +25,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from gnnserve.dynamic.graph import version_seq
 from gnnserve.dynamic.store import DynamicStore
 from gnnserve.embeddings.affected import BatchChanges
 from gnnserve.embeddings.chunked import ChunkedEmbeddings
@@ -158,7 +159,7 @@ class PeRefresher:
         try:  # under the pin: only what the refresh reads of the graph (writers wait for it)
             start = time.perf_counter()
             # the view and the features read the pinned copy in this thread
-            graph, seq = view, int(version.rsplit(".", 1)[1])
+            graph, seq = view, version_seq(version)
             with self._lock:
                 taken = [c for s, c in self._pending if s <= seq]
                 batches = len({s for s, _ in self._pending if s <= seq})

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from gnnserve.dynamic.graph import DynamicGraph
-from gnnserve.embeddings.affected import AffectedSets, BatchChanges
+from gnnserve.embeddings.affected import AffectedSets, BatchChanges, out_adjacency
 from gnnserve.graph.base import GraphStore
 
 
@@ -43,14 +43,10 @@ class _Reversed(GraphStore):
 
 def reversed_graph(graph: GraphStore) -> DynamicGraph:
     """A DynamicGraph whose in-neighbours are ``graph``'s out-neighbours."""
-    indptr, indices = graph.csr()
-    n = graph.num_nodes
-    dst = np.repeat(np.arange(n, dtype=np.int64), np.diff(indptr))
-    src = np.asarray(indices, np.int64)
-    order = np.argsort(src, kind="stable")
-    out_indptr = np.zeros(n + 1, np.int64)
-    np.cumsum(np.bincount(src, minlength=n), out=out_indptr[1:])
-    return DynamicGraph(_Reversed(graph.meta, out_indptr, dst[order]))
+    _, degree, indices = out_adjacency(*graph.csr())
+    indptr = np.zeros(degree.size + 1, np.int64)
+    np.cumsum(degree, out=indptr[1:])
+    return DynamicGraph(_Reversed(graph.meta, indptr, indices))
 
 
 class OutEdges:

@@ -26,6 +26,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
+from gnnserve.dynamic.graph import version_seq
 from gnnserve.embeddings.affected import BatchChanges
 from gnnserve.embeddings.tracking import OutEdges
 from gnnserve.graph.base import GraphStore
@@ -33,12 +34,6 @@ from gnnserve.graph.events import INSERT, NeighborsOf
 from gnnserve.types import Request, Result, StageTimings
 
 ENTRY_OVERHEAD = 120  # bytes per entry beyond its row (key, tuple, dict slot): an estimate
-
-
-def version_seq(version: str) -> int:
-    """Batches applied at ``version`` (``<checksum>.<seq>``; a fixed store's version: 0)."""
-    head, _, tail = version.rpartition(".")
-    return int(tail) if head and tail.isdigit() else 0
 
 
 class RequestIds(Protocol):

@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import replace
 
 from gnnserve.config import ServeConfig
 from gnnserve.data.blobs import open_blobs
@@ -121,7 +120,7 @@ def _refresher(
     if pes is None or not config.embeddings.refresh:
         return None
     layers = [pes.layer(layer) for layer in range(1, pes.num_layers + 1)]
-    chunked = ChunkedEmbeddings.from_layers(replace(pes.meta), layers)
+    chunked = ChunkedEmbeddings.from_layers(pes.meta, layers)  # new versions get new metas
     log.info("precomputed embeddings follow the update log (refreshed in the background)")
     return PeRefresher(model, store, chunked)
 

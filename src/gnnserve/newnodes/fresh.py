@@ -23,17 +23,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from gnnserve.dynamic.graph import version_seq
 from gnnserve.embeddings.base import EmbeddingStore
 from gnnserve.embeddings.refresher import PeRefresher, Published
 from gnnserve.errors import UnavailableError
 from gnnserve.newnodes.inference import NewNodeInference
 
 Build = Callable[[EmbeddingStore], NewNodeInference]
-
-
-def version_seq(version: str) -> int:
-    """The batch count of a changing store's version ``<checksum>.<seq>``."""
-    return int(version.rsplit(".", 1)[1])
 
 
 @dataclass(frozen=True)
@@ -80,7 +76,8 @@ class FreshEmbeddings:
         while True:
             version = self.reads.acquire_read()
             published = self.refresher.current()
-            seq, lag = version_seq(version), version_seq(version) - published.seq
+            seq = version_seq(version)
+            lag = seq - published.seq
             complete = published.pes.meta.num_nodes == self._num_nodes()
             if lag <= self.staleness and complete:
                 return Pinned(version, published, max(lag, 0))

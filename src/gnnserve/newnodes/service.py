@@ -209,13 +209,7 @@ class NewNodeService:
         """The single-process new-node engine over the served model, graph, features and PEs."""
         with self._inference_lock:
             if self._inference is None:
-                self._inference = NewNodeInference(
-                    self.runner.model,
-                    self.graph,
-                    self.features,
-                    self.pes(),
-                    max_new_nodes=self.config.max_new_nodes,
-                )
+                self._inference = self._build(self.pes())
             return self._inference
 
     # requests --------------------------------------------------------------------------------
