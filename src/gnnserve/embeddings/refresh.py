@@ -14,7 +14,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import numba
 import numpy as np
 import torch
 
@@ -22,40 +21,8 @@ from gnnserve.embeddings.precompute import chunk_bounds, layer_dims
 from gnnserve.features.base import FeatureStore
 from gnnserve.graph.base import GraphStore
 from gnnserve.models.zoo import GNN
+from gnnserve.sampling import kernels
 from gnnserve.types import Block
-
-
-@numba.njit(nogil=True, cache=True)
-def _gather_block(row_start, degree, indices, dsts, local):  # type: ignore[no-untyped-def]
-    """(source local ids, destination local ids, source ids) of the in-edges of ``dsts``:
-    destinations first, other sources in first-seen order; ``local`` (all -1 on entry, of the
-    graph's size) maps ids to local ids and is reset before returning."""
-    total = 0
-    for i in range(dsts.shape[0]):
-        total += degree[dsts[i]]
-    src_local = np.empty(total, np.int64)
-    dst_local = np.empty(total, np.int64)
-    ids = np.empty(total + dsts.shape[0], np.int64)
-    k = 0
-    for i in range(dsts.shape[0]):
-        local[dsts[i]] = k
-        ids[k] = dsts[i]
-        k += 1
-    e = 0
-    for i in range(dsts.shape[0]):
-        v = dsts[i]
-        for j in range(row_start[v], row_start[v] + degree[v]):
-            u = indices[j]
-            if local[u] < 0:
-                local[u] = k
-                ids[k] = u
-                k += 1
-            src_local[e] = local[u]
-            dst_local[e] = i
-            e += 1
-    for t in range(k):
-        local[ids[t]] = -1
-    return src_local, dst_local, ids[:k].copy()
 
 
 def rows_block(
@@ -67,10 +34,18 @@ def rows_block(
     destination, each in its adjacency order (the order a full precompute aggregates in).
     Linear in the rows' in-edges (one pass, a scratch map of the graph's size)."""
     dsts = np.asarray(dsts, np.int64)
-    size = max(int(row_start.shape[0]), int(dsts.max()) + 1 if dsts.size else 0)
-    local = np.full(size, -1, np.int64)
-    src, dst, src_ids = _gather_block(row_start, degree, indices, dsts, local)
-    edge_index = torch.from_numpy(np.stack([src, dst]))
+    starts, counts = np.asarray(row_start[dsts], np.int64), np.asarray(degree[dsts], np.int64)
+    offsets = np.repeat(starts - np.cumsum(counts) + counts, counts)
+    src = np.asarray(indices[np.arange(counts.sum()) + offsets], np.int64)
+    edges = np.stack([src, np.repeat(np.arange(dsts.size, dtype=np.int64), counts)])
+    # the sampler's first-seen relabelling over a scratch map: destinations first, then sources
+    local = np.full(max(int(row_start.shape[0]), int(dsts.max(initial=-1)) + 1), -1, np.int64)
+    nodes = np.empty(dsts.size + src.size, np.int64)
+    n, _ = kernels.unique_seeds(dsts, nodes, local)
+    n = kernels.relabel(edges, nodes, n, local)
+    kernels.reset_map(local, nodes, n)
+    src_ids = nodes[:n].copy()
+    edge_index = torch.from_numpy(edges)
     return Block(edge_index, int(src_ids.size), int(dsts.size)), src_ids
 
 
