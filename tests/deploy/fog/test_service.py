@@ -142,17 +142,17 @@ def test_fograph_answers_on_the_decoded_uploads_before_and_after_a_migration(
 def _check_slow_rounds_are_warned_once(svc: FogService, x: np.ndarray, caplog) -> None:  # type: ignore[no-untyped-def]
     assert svc.placement.predicted_round_ms is not None
     with caplog.at_level("WARNING", logger="gnnserve.deploy.fog.service"):
-        report = svc.round(x)
-        assert svc.slow_rounds == 0 or report.latency_ms >= 3 * svc.placement.predicted_round_ms
+        predicted, before = svc.placement.predicted_round_ms, svc.slow_rounds
+        report = svc.round(x)  # slow exactly when 3x the prediction it ran under
+        assert svc.slow_rounds - before == int(report.latency_ms >= 3 * predicted)
         svc.placement.predicted_round_ms = report.latency_ms / 100  # a plan far too hopeful
         slow, version = svc.slow_rounds, svc.version
         caplog.clear()
-        svc.round(x)
-        svc.round(x)
-    assert svc.slow_rounds == slow + 2
+        svc.round(x)  # one round: a re-plan after it brings a new prediction
+    assert svc.slow_rounds == slow + 1
     warned = [r for r in caplog.records if "the start-up plan predicted" in r.getMessage()]
-    assert len(warned) <= 1 + (svc.version != version)  # once per plan version
-    assert svc._warned_plan == svc.version  # this plan's slow rounds were warned about
+    assert len(warned) <= 1  # once per plan version (none if this plan was already warned of)
+    assert svc._warned_plan >= version  # their plan was warned about (a re-plan may follow)
 
 
 def test_daq_rounds_count_readings_that_lossless_uploads_keep(graph) -> None:  # type: ignore[no-untyped-def]
