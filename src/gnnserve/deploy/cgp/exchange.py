@@ -3,21 +3,13 @@
 from __future__ import annotations
 
 import math
-import socket
 from collections import defaultdict
 from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
 
-__all__ = ["Exchange", "free_port"]
-
-
-def free_port(address: str = "127.0.0.1") -> int:
-    """A TCP port on ``address`` that was free a moment ago (a gloo group's rendezvous)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((address, 0))
-        return int(sock.getsockname()[1])
+__all__ = ["Exchange"]
 
 
 class Exchange:

@@ -23,7 +23,6 @@ import numpy as np
 import ray
 import torch
 
-from gnnserve.deploy.cgp.exchange import free_port
 from gnnserve.deploy.cgp.partition import build_partitions, split_request
 from gnnserve.deploy.cgp.worker import CGPWorker, RunSpec, WorkerOutput
 from gnnserve.deploy.ray import start_ray, stop_ray
@@ -106,8 +105,8 @@ class CGPService:
         self._owns_ray = start_ray(num_cpus or self.num_workers)
         self._workers: list[Any] = [_WorkerActor.remote(p, layers, threads) for p in parts]
         try:
-            port = free_port()
-            ray.get([w.connect.remote(port, timeout_s) for w in self._workers])
+            address, port = ray.get(self._workers[0].rendezvous.remote(timeout_s))
+            ray.get([w.connect.remote(address, port, timeout_s) for w in self._workers])
         except BaseException:
             self.close()
             raise

@@ -39,7 +39,6 @@ import time
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import timedelta
 
 import numpy as np
 import torch
@@ -49,6 +48,7 @@ import torch.nn.functional as F
 from gnnserve.deploy.cgp.exchange import Exchange
 from gnnserve.deploy.cgp.partition import Partition, RequestPart, owner
 from gnnserve.deploy.cgp.rows import encoded_nbytes
+from gnnserve.deploy.rendezvous import GroupRendezvous
 from gnnserve.models.arch import merge
 from gnnserve.models.arch.cgp import CGPLayer, Gather, LayerInputs, LocalBlock, Shuffle, SourceRows
 from gnnserve.newnodes.policies import (
@@ -144,17 +144,17 @@ class CGPWorker:
         self.num_layers = len(self.layers)
         self._scratch = np.zeros(0)  # importance of candidates, indexed by global id
         self.comm = Exchange(self.rank, self.world)
+        self._group = GroupRendezvous(self.rank, self.world)
 
-    def connect(self, port: int, timeout_s: float = 60.0) -> int:
-        """Join the gloo process group rendezvousing at 127.0.0.1:``port``; returns the rank."""
-        dist.init_process_group(
-            "gloo",
-            init_method=f"tcp://127.0.0.1:{port}",
-            rank=self.rank,
-            world_size=self.world,
-            timeout=timedelta(seconds=timeout_s),
-        )
-        return self.rank
+    def rendezvous(self, timeout_s: float = 60.0) -> tuple[str, int]:
+        """Rank 0 only: host the group's rendezvous store on this node's routable address;
+        returns (address, port)."""
+        return self._group.host(timeout_s)
+
+    def connect(self, address: str, port: int, timeout_s: float = 60.0) -> int:
+        """Join the gloo process group rendezvousing at ``address:port`` (rank 0's node);
+        returns the rank."""
+        return self._group.join(address, port, timeout_s)
 
     def close(self) -> None:
         """Leave the process group."""

@@ -94,7 +94,7 @@ class FogCluster:
             for p, pin, opt in zip(parts, pinned, given, strict=True)
         ]
         try:
-            address, port = ray.get(self._nodes[0].rendezvous.remote())
+            address, port = ray.get(self._nodes[0].rendezvous.remote(timeout_s))
             seats = [_seat(fabric, j) for j in range(self.world)]
             ray.get(
                 [

@@ -9,8 +9,6 @@ host run wherever Ray places them (one machine: the emulated testbed of ``testbe
 
 from __future__ import annotations
 
-import ipaddress
-import subprocess
 from typing import TYPE_CHECKING, Any
 
 import ray
@@ -49,25 +47,6 @@ def placement_options(hosts: list[str | None]) -> list[dict[str, Any]]:
             {"scheduling_strategy": NodeAffinitySchedulingStrategy(known[host], soft=False)}
         )
     return options
-
-
-def node_address() -> str:
-    """The address of the Ray node this process runs on."""
-    return str(ray.util.get_node_ip_address())
-
-
-def interface_of(address: str) -> str | None:
-    """The network interface whose IPv4 network holds ``address`` here (None: not found), for
-    gloo's ``GLOO_SOCKET_IFNAME`` (127.0.0.2 is on ``lo``, whose network is 127.0.0.0/8)."""
-    out = subprocess.run(
-        ["ip", "-o", "-4", "addr", "show"], capture_output=True, text=True, timeout=10
-    ).stdout
-    wanted = ipaddress.ip_address(address)
-    for line in out.splitlines():
-        fields = line.split()
-        if len(fields) >= 4 and wanted in ipaddress.ip_interface(fields[3]).network:
-            return fields[1]
-    return None
 
 
 def real_hosts(nodes: list[NodeSpec]) -> list[str | None] | None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -19,11 +18,11 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from gnnserve.deploy.cgp.exchange import Exchange, free_port
-from gnnserve.deploy.fog.hosts import interface_of, node_address
+from gnnserve.deploy.cgp.exchange import Exchange
 from gnnserve.deploy.fog.links import entered
 from gnnserve.deploy.fog.partition import FogPartition
 from gnnserve.deploy.fog.upload import Receiver
+from gnnserve.deploy.rendezvous import GroupRendezvous, interface_of, node_address, set_env
 from gnnserve.errors import InvalidInputError
 from gnnserve.models.zoo import GNN
 
@@ -55,19 +54,6 @@ class FabricSeat:
     delay_ms: float
 
 
-@contextlib.contextmanager
-def _env(name: str, value: str) -> Iterator[None]:
-    old = os.environ.get(name)
-    os.environ[name] = value
-    try:
-        yield
-    finally:
-        if old is None:
-            del os.environ[name]
-        else:
-            os.environ[name] = old
-
-
 class FogNode:
     """Holds a :class:`FogPartition`, its vertices' latest features and the model; runs its
     part of each round. ``threads``: torch intra-op threads of the process."""
@@ -75,6 +61,7 @@ class FogNode:
     def __init__(self, part: FogPartition, model: GNN, features: np.ndarray, threads: int = 1):
         torch.set_num_threads(max(1, int(threads)))
         self.comm = Exchange(part.rank, part.world)
+        self._group = GroupRendezvous(part.rank, part.world)
         self.exchange_delay_s = 0.0
         self.load(part, model, features)
 
@@ -108,11 +95,10 @@ class FogNode:
         """This node's process id (for its CPU quota)."""
         return os.getpid()
 
-    def rendezvous(self) -> tuple[str, int]:
-        """(this node's routable address, a port free there): where rank 0 hosts the group's
-        rendezvous store."""
-        address = node_address()
-        return address, free_port(address)
+    def rendezvous(self, timeout_s: float = 60.0) -> tuple[str, int]:
+        """Rank 0 only: host the group's rendezvous store on this node's routable address;
+        returns (address, port)."""
+        return self._group.host(timeout_s)
 
     def address(self) -> str:
         """The address of the machine (Ray node) this fog runs on."""
@@ -127,15 +113,15 @@ class FogNode:
         crosses its shaped link) and each exchange first waits the seat's delay."""
         rank, world = self.part.rank, self.part.world
         timeout = timedelta(seconds=timeout_s)
-        store = dist.TCPStore(address, port, world, rank == 0, timeout=timeout)
+        store = self._group.store(address, port, timeout_s)
         self.exchange_delay_s = 0.0
         with contextlib.ExitStack() as stack:
             if fabric is not None:
                 stack.enter_context(entered(fabric.namespace))
-                stack.enter_context(_env("GLOO_SOCKET_IFNAME", fabric.ifname))
+                stack.enter_context(set_env("GLOO_SOCKET_IFNAME", fabric.ifname))
                 self.exchange_delay_s = fabric.delay_ms / 1e3
             elif (ifname := interface_of(node_address())) is not None:
-                stack.enter_context(_env("GLOO_SOCKET_IFNAME", ifname))
+                stack.enter_context(set_env("GLOO_SOCKET_IFNAME", ifname))
             dist.init_process_group(
                 "gloo", store=store, rank=rank, world_size=world, timeout=timeout
             )
