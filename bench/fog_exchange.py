@@ -14,7 +14,6 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from datetime import timedelta
 from typing import Any
 
 import numpy as np
@@ -24,9 +23,9 @@ import torch.distributed as dist
 
 from common import median_range
 from fog_data import BenchGraph
-from gnnserve.deploy.cgp.exchange import free_port
 from gnnserve.deploy.fog.partition import build_fog_partitions
 from gnnserve.deploy.fog.planner import metis_parts
+from gnnserve.deploy.rendezvous import GroupRendezvous
 
 
 @ray.remote(num_cpus=0, max_concurrency=2)
@@ -36,17 +35,18 @@ class Peer:
     def __init__(self, rank: int, world: int, send_counts: list[int], recv_counts: list[int]):
         torch.set_num_threads(1)
         self.rank, self.world = rank, world
+        self.group = GroupRendezvous(rank, world)
         self.send_counts, self.recv_counts = send_counts, recv_counts
         self.inbox: dict[tuple[int, int], np.ndarray] = {}
         self.ready = threading.Condition()
         self.steps = itertools.count()
 
-    def connect(self, port: int, peers: list[Any]) -> None:
+    def host(self) -> tuple[str, int]:
+        return self.group.host()
+
+    def connect(self, address: str, port: int, peers: list[Any]) -> None:
         self.peers = peers
-        store = dist.TCPStore(
-            "127.0.0.1", port, self.world, self.rank == 0, timeout=timedelta(seconds=60)
-        )
-        dist.init_process_group("gloo", store=store, rank=self.rank, world_size=self.world)
+        self.group.join(address, port)
 
     def deliver(self, step: int, sender: int, rows: np.ndarray) -> None:
         with self.ready:
@@ -97,8 +97,8 @@ def run_exchange(
     parts = build_fog_partitions(indptr, indices, member, world, degree)
     sends = [[int(r.size) for r in p.send_rows] for p in parts]
     peers = [Peer.remote(j, world, sends[j], list(parts[j].halo_counts)) for j in range(world)]
-    port = free_port()
-    ray.get([p.connect.remote(port, peers) for p in peers])
+    address, port = ray.get(peers[0].host.remote())
+    ray.get([p.connect.remote(address, port, peers) for p in peers])
     rows_out = sum(sum(s) - s[j] for j, s in enumerate(sends))
     out: dict[str, Any] = {"graph": bench.name, "fogs": world, "rows_exchanged": rows_out}
     for dim in dims:
