@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 import fresh_stream
-from common import DATASETS, RESULTS, environment, median_range, strict
+from common import DATASETS, RESULTS, environment, median_range, save_figure, strict
 from gnnserve.data import generators
 from gnnserve.data.writer import GraphData, write_store
 from gnnserve.embeddings.affected import AffectedSets, BatchChanges, out_adjacency
@@ -139,11 +139,15 @@ def main() -> None:
     p.add_argument("--sections", default="batch,isolated,stream,cache")
     p.add_argument("--seconds", type=float, default=10.0, help="length of each paced stream")
     p.add_argument("--layers", type=int, default=2, help="SAGE layers (rows: <graph>_sage<L>)")
+    p.add_argument("--plot-only", action="store_true", help="redraw the PNG from the JSON")
     args = p.parse_args()
     names = ["fb100_cornell5"] + ([] if args.quick else ["rmat"])
     name = "fresh_quick" if args.quick else "fresh"
     path = RESULTS / f"{name}.json"
     results: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
+    if args.plot_only:
+        plot(results, RESULTS / f"{name}.png")
+        return
     results["model"] = "sage 2 layers, 64 hidden, 64-dim features"
     results["environment"] = environment()
     with tempfile.TemporaryDirectory() as tmp:
@@ -156,7 +160,60 @@ def main() -> None:
             row |= run_stream(graph, args.sections, args.seconds, work, args.layers)
             results[key] = row
             path.write_text(json.dumps(strict(results), indent=2, allow_nan=False, default=float))
-    print(f"wrote {path}")
+    plot(results, RESULTS / f"{name}.png")
+    print(f"wrote {path} and its PNG")
+
+
+def plot(results: dict[str, Any], path: Path) -> None:
+    """Three panels from the JSON: full precompute / refresh per batch size (log; the 20x
+    target dashed), freshness lag p50 and p99 per stream rate, answer latency with and without
+    the answer cache. Rows a run did not produce are left out."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = {k: v for k, v in results.items() if isinstance(v, dict) and k != "environment"}
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.2))
+    ax, labels, i = axes[0], [], 0
+    for key, row in rows.items():
+        for size, iso in row.get("isolated", {}).items():
+            ax.bar(i, iso["full_over_refresh"], color="C0" if "sage3" not in key else "C1")
+            labels.append(
+                f"{key.replace('_cornell5', '').replace('_sage', ' SAGE-')}\n{size} edges"
+            )
+            i += 1
+    ax.axhline(20, color="k", ls="--", lw=1)
+    ax.set_xticks(range(len(labels)), labels, fontsize=6)
+    ax.set_yscale("log")
+    ax.set_ylabel("full precompute / refresh (x)")
+    ax = axes[1]
+    for j, (key, row) in enumerate(rows.items()):
+        stream = row.get("stream", [])
+        if not stream:
+            continue
+        rates = [s["edges_per_s"] for s in stream]
+        for q, style in (("p50", "o-"), ("p99", "s--")):
+            ax.plot(
+                rates, [s[f"lag_ms_{q}"] for s in stream], style, color=f"C{j}", label=f"{key} {q}"
+            )
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("update stream (edges/s, 100-edge batches)")
+    ax.set_ylabel("freshness lag (ms)")
+    ax.legend(fontsize=7)
+    ax = axes[2]
+    cached = next(((key, row["cache"]) for key, row in rows.items() if "cache" in row), None)
+    if cached is not None:
+        key, cache = cached
+        for k, arm in enumerate(("plain", "cached")):
+            values = [cache[f"{arm}_ms_p50"], cache[f"{arm}_ms_p99"]]
+            ax.bar(np.arange(2) + 0.4 * k, values, 0.4, label=arm)
+        ax.set_title(f"{key}: answer cache hit rate {cache['hit_rate']:.2f}", fontsize=8)
+    ax.set_xticks([0.2, 1.2], ["p50", "p99"])
+    ax.set_ylabel("answer latency (ms)")
+    ax.legend(fontsize=7)
+    save_figure(fig, path)
 
 
 if __name__ == "__main__":
