@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -22,6 +23,28 @@ def served(store: Path, ckpt: Path, *flags: str) -> Iterator[str]:
         yield base
     finally:
         assert stop_server(proc, timeout_s=60) == 0
+
+
+@contextmanager
+def served_pair(
+    store: Path, ckpt: Path, flags_a: tuple[str, ...], flags_b: tuple[str, ...]
+) -> Iterator[tuple[str, str]]:
+    """Two `gnnserve serve` child processes started at once (their start-ups overlap), both
+    ready; yields their base URLs."""
+    ports = free_port(), free_port()
+    while ports[1] == ports[0]:
+        ports = ports[0], free_port()
+    bases = tuple(f"http://127.0.0.1:{p}" for p in ports)
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        for port, flags in zip(ports, (flags_a, flags_b), strict=True):
+            procs.append(start_server(store, ckpt, port, *flags))
+        for base, proc in zip(bases, procs, strict=True):
+            wait_ready(base, proc, timeout_s=180)
+        yield bases[0], bases[1]
+    finally:
+        codes = [stop_server(proc, timeout_s=60) for proc in procs]
+        assert codes == [0] * len(procs), codes
 
 
 def predict(base: str, body: dict[str, object]) -> dict[str, object]:

@@ -14,7 +14,7 @@ import numpy as np
 import psutil
 import pytest
 
-from tests.deploy.servers import metric, predict, served, update
+from tests.deploy.servers import metric, predict, served_pair, update
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 
@@ -33,9 +33,9 @@ def test_dgs_answers_equal_local_presample_before_and_after_updates(
     local_log, dgs_log = str(tmp_path / "local.log"), str(tmp_path / "dgs.log")
     local_flags = [*FANOUTS, "--presample", "--update-log", local_log]
     dgs_flags = [*FANOUTS, "--deploy", "dgs", "--deploy-workers", "2", "--update-log", dgs_log]
-    with (
-        served(small_store, small_ckpt, *local_flags) as local,
-        served(small_store, small_ckpt, *dgs_flags) as dgs,
+    with served_pair(small_store, small_ckpt, tuple(local_flags), tuple(dgs_flags)) as (
+        local,
+        dgs,
     ):
         np.testing.assert_array_equal(_probs(dgs, NODES), _probs(local, NODES))
         assert metric(dgs, "gnnserve_deploy_dgs_batches") >= 1  # sampled by the DGS workers

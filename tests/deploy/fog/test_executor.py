@@ -13,7 +13,7 @@ from gnnserve.cli import main
 from gnnserve.deploy.fog.nodes import load_nodes
 from gnnserve.deploy.fog.service import NodeSpec
 from gnnserve.errors import InvalidInputError
-from tests.deploy.servers import metric, predict, served
+from tests.deploy.servers import metric, predict, served_pair
 
 NODES = (
     "nodes:\n  - {name: weak, cores: 0.3, link: wifi}\n"
@@ -34,9 +34,9 @@ def test_fog_answers_equal_full_neighbourhood_inference(
     nodes = tmp_path / "nodes.yaml"
     nodes.write_text(NODES)
     fog_flags = ["--deploy", "fog", "--nodes", str(nodes), "--fog-codec", "lossless"]
-    with (
-        served(small_store, small_ckpt, "--fanouts=-1,-1") as local,
-        served(small_store, small_ckpt, *fog_flags) as fog,
+    with served_pair(small_store, small_ckpt, ("--fanouts=-1,-1",), tuple(fog_flags)) as (
+        local,
+        fog,
     ):
         asked = [5, 6, 7, 1999, 5]
         np.testing.assert_allclose(_probs(fog, asked), _probs(local, asked), rtol=0, atol=1e-5)

@@ -13,6 +13,7 @@ from gnnserve.deploy.fog.profiler import (
     fit_latency,
     halo_sizes,
     profile_cluster,
+    time_together,
 )
 from gnnserve.errors import InvalidInputError
 from tests.deploy.fog.test_planner import _graph
@@ -76,3 +77,12 @@ def test_bad_calibration_input_is_refused() -> None:
     sets = calibration_sets(50, [5, 10], rng, per_size=3)
     assert [s.size for s in sets] == [5, 5, 5, 10, 10, 10]
     assert all(np.unique(s).size == s.size for s in sets)
+
+
+def test_nodes_are_timed_together_only_where_each_keeps_its_quota() -> None:
+    assert time_together([0.5, 0.5], None, 1)  # the quotas exactly fill the machine
+    assert not time_together([0.5, 0.51], None, 1)
+    assert not time_together([0.2, None], None, 2)  # an unlimited node takes what is free
+    assert time_together([None, None], ["10.0.0.1", "10.0.0.2"], 1)  # a machine each
+    assert not time_together([None, None], ["10.0.0.1", "10.0.0.1"], 1)
+    assert not time_together([None, None], [None, None], 8)  # no quota, one machine

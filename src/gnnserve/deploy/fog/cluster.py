@@ -122,10 +122,16 @@ class FogCluster:
             [n.listen.remote(h, groups) for n, h in zip(self._nodes, hosts, strict=True)]
         )
 
-    def time_subgraph(self, part: Any, features: np.ndarray, repeats: int = 1) -> list[float]:
-        """ms of the model on calibration subgraph ``part`` on every fog, one fog at a time (so
-        each is timed alone, under its own CPU quota)."""
+    def time_subgraph(
+        self, part: Any, features: np.ndarray, repeats: int = 1, together: bool = False
+    ) -> list[float]:
+        """ms of the model on calibration subgraph ``part`` on every fog: one fog at a time (so
+        each is timed alone, under its own CPU quota), or all at once with ``together`` (where
+        that changes no fog's time: ``profiler.time_together``)."""
         with self._lock:
+            if together:
+                calls = [n.time_subgraph.remote(part, features, repeats) for n in self._nodes]
+                return [float(ms) for ms in ray.get(calls)]
             return [
                 float(ray.get(n.time_subgraph.remote(part, features, repeats))) for n in self._nodes
             ]

@@ -95,6 +95,18 @@ def fit_latency(cardinalities: np.ndarray, latency_ms: np.ndarray) -> LatencyMod
     return LatencyModel(float(beta_v), float(beta_n), float(eps))
 
 
+def time_together(cores: list[float | None], hosts: list[str | None] | None, cpus: float) -> bool:
+    """Whether the nodes can be timed on the calibration subgraphs all at once without changing
+    any node's time: each on a machine of its own (distinct ``hosts``), or each under a CPU quota
+    (``cores``; None: no quota) and the quotas together within this machine's ``cpus``, so every
+    node still gets its whole quota. Otherwise they are timed one at a time."""
+    if hosts is not None and all(hosts):
+        return len(set(hosts)) == len(hosts)
+    if any(c is None for c in cores):
+        return False
+    return sum(c for c in cores if c is not None) <= cpus
+
+
 def profile_cluster(
     time_all: Callable[[np.ndarray], list[float]],
     indptr: np.ndarray,

@@ -20,6 +20,7 @@ output, per-node times and the bytes uploaded.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -41,6 +42,7 @@ from gnnserve.deploy.fog.links import (
 from gnnserve.deploy.fog.partition import build_fog_partitions, symmetric_adjacency
 from gnnserve.deploy.fog.placement import FogPlacement
 from gnnserve.deploy.fog.profile_cache import ProfileCache, profile_key
+from gnnserve.deploy.fog.profiler import time_together
 from gnnserve.deploy.fog.quantizer import FLOAT32_DAQ_BITS, upload_widths
 from gnnserve.deploy.fog.scheduler import Decision, schedule
 from gnnserve.deploy.fog.slots import Slot, claim_slot
@@ -48,6 +50,7 @@ from gnnserve.deploy.fog.testbed import CpuQuota, probe
 from gnnserve.errors import InvalidInputError
 from gnnserve.graph.base import GraphStore
 from gnnserve.models.zoo import GNN
+from gnnserve.phases import Phases
 
 log = logging.getLogger(__name__)
 MODES = ("fograph", "strawman", "cloud")
@@ -140,6 +143,7 @@ class FogService:
         self.gateways = gateways  # readings come from `gnnserve fog upload`, not device groups
         self.profiles, self.reprofile = profiles, reprofile
         self.profile_reused = False  # the start-up plan used a cached profile
+        self.startup = Phases("fog start-up", log)  # seconds per step, logged as each ends
         self.indptr, self.indices = graph.csr()
         self.features = np.array(features, np.float32)
         self.world = 1 if mode == "cloud" else len(nodes)
@@ -154,10 +158,11 @@ class FogService:
         # same codec, so a comparison isolates the placement from the collection gain
         compress = (mode == "fograph") if compress is None else compress
         chunk_rows = -(-graph.num_nodes // (self.world * max(1, chunks)))  # a device chunk's
-        widths = upload_widths(
-            model, self.indptr, self.indices, self.features, compress, codec, daq_bits,
-            accuracy_budget_pts, chunk_rows=chunk_rows,
-        )  # fmt: skip
+        with self.startup("codec widths"):
+            widths = upload_widths(
+                model, self.indptr, self.indices, self.features, compress, codec, daq_bits,
+                accuracy_budget_pts, chunk_rows=chunk_rows,
+            )  # fmt: skip
         # the per-vertex widths, what the device groups pack with (daq | column) and the
         # column codec's calibration
         self.bits, self.wire_codec, self.quantizer = widths.bits, widths.codec, widths.quantizer
@@ -181,27 +186,32 @@ class FogService:
         blocks = np.arange(graph.num_nodes) * self.world // graph.num_nodes
         self.slot: Slot | None = None  # this deployment's testbed names and subnets
         try:  # close() undoes whatever part of the set-up was done
-            if self.shaped or self.quotas_on:
-                self.slot = claim_slot()
-            self._open_links(support.netem)
-            self.fabric = self._fabric(support.netem)
-            self.cluster = FogCluster(
-                model, graph, self.features, blocks, self.world, fabric=self.fabric,
-                hosts=self.hosts,
-            )  # fmt: skip
-            self.addresses = self.cluster.addresses()
-            self.quotas = self._quotas()
+            with self.startup("links"):
+                if self.shaped or self.quotas_on:
+                    self.slot = claim_slot()
+                self._open_links(support.netem)
+                self.fabric = self._fabric(support.netem)
+            with self.startup("fog processes"):
+                self.cluster = FogCluster(
+                    model, graph, self.features, blocks, self.world, fabric=self.fabric,
+                    hosts=self.hosts,
+                )  # fmt: skip
+                self.addresses = self.cluster.addresses()
+                self.quotas = self._quotas()
             self.membership = self._initial_plan(blocks)
-            hosts = [self._host(j) for j in range(self.world)]
-            self.ports = self.cluster.listen(hosts, groups=self._groups_per_fog())
-            self._start_groups()
+            with self.startup("device groups"):
+                hosts = [self._host(j) for j in range(self.world)]
+                self.ports = self.cluster.listen(hosts, groups=self._groups_per_fog())
+                self._start_groups()
             self.adjacency = symmetric_adjacency(self.indptr, self.indices)
             self.work = np.diff(self.indptr).astype(float) + 1.0  # aggregation: an edge each
             # a warm-up round starts the processes and connections (gateways: their first)
-            self.warm_up_ms = 0.0 if gateways else self._collect_and_run().latency_ms
+            with self.startup("warm-up round"):
+                self.warm_up_ms = 0.0 if gateways else self._collect_and_run().latency_ms
         except BaseException:
             self.close()
             raise
+        log.info("fog: started in %s", self.startup.summary())
 
     # ------------------------------------------------------------------ set-up
 
@@ -239,14 +249,18 @@ class FogService:
         return quotas
 
     def _time_all(self, vertices: np.ndarray) -> list[float]:
-        """ms of the model on the calibration subgraph ``vertices`` on every node, one at a
-        time (the profiler's measurement)."""
+        """ms of the model on the calibration subgraph ``vertices`` on every node (the
+        profiler's measurement): all at once where that changes no node's time, else one at a
+        time."""
         member = np.ones(self.graph.num_nodes, np.int64)
         member[vertices] = 0
         degree = self.cluster.gcn_degree
         part = build_fog_partitions(self.indptr, self.indices, member, 2, degree)[0]
         rows = np.concatenate([part.owned, part.halo])
-        return self.cluster.time_subgraph(part, self.features[rows], repeats=2)
+        quotas = zip(self.nodes, self.quotas, strict=True)  # cores count where a quota holds them
+        cores = [n.cores if q is not None else None for n, q in quotas]
+        together = time_together(cores, self.hosts, len(os.sched_getaffinity(0)))
+        return self.cluster.time_subgraph(part, self.features[rows], 2, together)
 
     def _uplink_rates(self) -> list[float]:
         """Each node's device uplink in bytes/s: measured over its shaped link (all links at
@@ -270,11 +284,15 @@ class FogService:
             self.profile_reused = True
             log.info("fog: profile reused from %s (--reprofile measures again)", self.profiles)
         else:
-            measured = self.placement.profile(names, self._time_all, self._uplink_rates())
+            with self.startup("rate probes"):
+                rates = self._uplink_rates()
+            with self.startup("profile"):
+                measured = self.placement.profile(names, self._time_all, rates)
             if self.profiles is not None:
                 self.profiles.save(key, measured)
-        membership = self.placement.initial()
-        self.version = self.cluster.apply(membership)
+        with self.startup("plan"):
+            membership = self.placement.initial()
+            self.version = self.cluster.apply(membership)
         return membership
 
     def _profile_key(self) -> str:
