@@ -134,9 +134,8 @@ class FogNode:
 
     def collect(self, rows: np.ndarray, values: np.ndarray) -> int:
         """Store uploaded features: ``values`` [m, F] for local owned ``rows`` [m]."""
-        self.features[torch.from_numpy(np.asarray(rows, np.int64))] = torch.from_numpy(
-            np.asarray(values, np.float32)
-        )
+        index = torch.from_numpy(np.array(rows, np.int64))  # copies: Ray's arrays are read-only
+        self.features[index] = torch.from_numpy(np.array(values, np.float32))
         return int(len(rows))
 
     def arrived(self, round_id: int, wait_s: float) -> bool:
