@@ -54,4 +54,6 @@ def open_feature_store(
     """
     root = local_path(store_dir, "store")
     meta = layout.read_meta(root)
+    from gnnserve.features import stores  # noqa: F401  (registers the backends)
+
     return FEATURE_STORES.create(backend, root, meta, check_structure=check_structure)
