@@ -11,9 +11,7 @@ import asyncio
 import contextlib
 import logging
 import os
-import random
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -29,42 +27,11 @@ from gnnserve.data.generators import sbm
 from gnnserve.data.writer import write_store
 from gnnserve.models.train import train
 from gnnserve.models.zoo import ModelConfig
+from gnnserve.ports import free_port
 
 
 def _step(text: str) -> None:
     print(f"\n== {text}", flush=True)
-
-
-FIRST_FREE_PORT = 20000  # above Ray's worker ports (10002-19999)
-
-
-def _ephemeral_floor() -> int:
-    """The first port of the kernel's ephemeral range (0: unknown)."""
-    try:
-        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 0
-
-
-def free_port() -> int:
-    """A TCP port free on loopback right now, for a server started next. Picked below the
-    kernel's ephemeral range where it leaves room: a port in that range can be taken by any
-    process's outgoing connection before the server binds it (EADDRINUSE), one below it only by
-    another listener. Else any free port."""
-    floor = _ephemeral_floor()
-    if floor - FIRST_FREE_PORT >= 1000:
-        rng = random.SystemRandom()
-        for _ in range(100):
-            port = rng.randrange(FIRST_FREE_PORT, floor)
-            with socket.socket() as s:
-                try:
-                    s.bind(("127.0.0.1", port))
-                except OSError:
-                    continue
-            return port
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_ready(base_url: str, proc: subprocess.Popen[bytes], timeout_s: float = 120.0) -> None:

@@ -34,6 +34,7 @@ from typing import Any
 
 from gnnserve.data.blobs import open_blobs
 from gnnserve.errors import GnnServeError
+from gnnserve.ports import candidate_port
 from gnnserve.urls import resolve
 
 _GRPC_OFFSET = 10_000
@@ -75,10 +76,8 @@ def free_ports(pairs: int, singles: int = 0, taken: frozenset[int] = frozenset()
         blocked = {p + d for p in taken for d in (-_GRPC_OFFSET, 0, _GRPC_OFFSET)}
         for i in range(pairs + singles):
             for _ in range(200):
-                sock = held.enter_context(socket.socket())
-                sock.bind(("127.0.0.1", 0))
-                port = int(sock.getsockname()[1])
-                if port in blocked or port + _GRPC_OFFSET > 65535:
+                port = candidate_port(_GRPC_OFFSET if i < pairs else 0)
+                if port in blocked or port + _GRPC_OFFSET > 65535 or not grab(port):
                     continue
                 if i < pairs and not grab(port + _GRPC_OFFSET):
                     continue
