@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-dev
 TORCH_PIN := torch==2.13.0
 
-.PHONY: demo test lint typecheck docs install bench bench-quick bench-overload clean
+.PHONY: demo test pytest lint typecheck docs install bench bench-quick bench-overload clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -34,7 +34,11 @@ typecheck: $(STAMP)
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
-test: $(STAMP) lint typecheck docs
+# The checks run beside the tests (the suite leaves a core mostly idle): -j, lines kept whole.
+test: $(STAMP)
+	$(MAKE) --no-print-directory -j4 --output-sync=line lint typecheck docs pytest
+
+pytest: $(STAMP)
 	$(BIN)/python -m pytest -q --durations=15
 
 # Benchmarks need PyG's NeighborLoader baseline: torch-sparse from ../shared/wheels.
