@@ -34,9 +34,9 @@ typecheck: $(STAMP)
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
-# The checks run beside the tests (the suite leaves a core mostly idle): -j, lines kept whole.
+# The checks run beside the tests (the suite leaves a core mostly idle); pytest streams its output.
 test: $(STAMP)
-	$(MAKE) --no-print-directory -j4 --output-sync=line lint typecheck docs pytest
+	$(MAKE) --no-print-directory -j4 lint typecheck docs pytest
 
 pytest: $(STAMP)
 	$(BIN)/python -m pytest -q --durations=15
