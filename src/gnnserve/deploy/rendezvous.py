@@ -94,12 +94,26 @@ class GroupRendezvous:
             return self._hosted
         return dist.TCPStore(address, port, self.world, False, timeout=timedelta(seconds=timeout_s))
 
-    def join(self, address: str, port: int, timeout_s: float = 60.0) -> int:
-        """Join the gloo group at ``address:port`` with gloo on the interface of this node's
-        address (when found); returns the rank."""
+    def join(
+        self,
+        address: str,
+        port: int,
+        timeout_s: float = 60.0,
+        *,
+        inside: contextlib.AbstractContextManager[object] | None = None,
+        ifname: str | None = None,
+    ) -> int:
+        """Join the gloo group at ``address:port``; returns the rank. gloo binds ``ifname``, by
+        default the interface of this node's address (when found); with ``inside`` (e.g. a
+        network namespace entered) the group's sockets are opened within it. The store is
+        reached from where the process stands before."""
         store = self.store(address, port, timeout_s)
         with contextlib.ExitStack() as stack:
-            if (ifname := interface_of(node_address())) is not None:
+            if inside is not None:
+                stack.enter_context(inside)
+            if ifname is None:
+                ifname = interface_of(node_address())
+            if ifname is not None:
                 stack.enter_context(set_env("GLOO_SOCKET_IFNAME", ifname))
             dist.init_process_group(
                 "gloo",

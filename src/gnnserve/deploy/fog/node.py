@@ -8,11 +8,9 @@ collected features, exchanged the same way.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import time
 from dataclasses import dataclass, field
-from datetime import timedelta
 
 import numpy as np
 import torch
@@ -22,7 +20,7 @@ from gnnserve.deploy.cgp.exchange import Exchange
 from gnnserve.deploy.fog.links import entered
 from gnnserve.deploy.fog.partition import FogPartition
 from gnnserve.deploy.fog.upload import Receiver
-from gnnserve.deploy.rendezvous import GroupRendezvous, interface_of, node_address, set_env
+from gnnserve.deploy.rendezvous import GroupRendezvous, node_address
 from gnnserve.errors import InvalidInputError
 from gnnserve.models.zoo import GNN
 
@@ -111,21 +109,11 @@ class FogNode:
         rank. Without a ``fabric`` seat gloo uses the interface of this node's address; with
         one, the group's sockets are opened in the seat's namespace (so the boundary exchange
         crosses its shaped link) and each exchange first waits the seat's delay."""
-        rank, world = self.part.rank, self.part.world
-        timeout = timedelta(seconds=timeout_s)
-        store = self._group.store(address, port, timeout_s)
-        self.exchange_delay_s = 0.0
-        with contextlib.ExitStack() as stack:
-            if fabric is not None:
-                stack.enter_context(entered(fabric.namespace))
-                stack.enter_context(set_env("GLOO_SOCKET_IFNAME", fabric.ifname))
-                self.exchange_delay_s = fabric.delay_ms / 1e3
-            elif (ifname := interface_of(node_address())) is not None:
-                stack.enter_context(set_env("GLOO_SOCKET_IFNAME", ifname))
-            dist.init_process_group(
-                "gloo", store=store, rank=rank, world_size=world, timeout=timeout
-            )
-        return rank
+        self.exchange_delay_s = 0.0 if fabric is None else fabric.delay_ms / 1e3
+        if fabric is None:
+            return self._group.join(address, port, timeout_s)
+        seat = entered(fabric.namespace)
+        return self._group.join(address, port, timeout_s, inside=seat, ifname=fabric.ifname)
 
     def close(self) -> None:
         """Leave the process group."""

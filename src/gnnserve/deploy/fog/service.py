@@ -24,6 +24,7 @@ import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -248,19 +249,21 @@ class FogService:
             quotas.append(quota)
         return quotas
 
-    def _time_all(self, vertices: np.ndarray) -> list[float]:
+    def _time_all(self, vertices: np.ndarray, together: bool) -> list[float]:
         """ms of the model on the calibration subgraph ``vertices`` on every node (the
-        profiler's measurement): all at once where that changes no node's time, else one at a
-        time."""
+        profiler's measurement): all at once with ``together``, else one at a time."""
         member = np.ones(self.graph.num_nodes, np.int64)
         member[vertices] = 0
         degree = self.cluster.gcn_degree
         part = build_fog_partitions(self.indptr, self.indices, member, 2, degree)[0]
         rows = np.concatenate([part.owned, part.halo])
+        return self.cluster.time_subgraph(part, self.features[rows], 2, together)
+
+    def _time_together(self) -> bool:
+        """Whether timing every node at once changes no node's time (``time_together``)."""
         quotas = zip(self.nodes, self.quotas, strict=True)  # cores count where a quota holds them
         cores = [n.cores if q is not None else None for n, q in quotas]
-        together = time_together(cores, self.hosts, len(os.sched_getaffinity(0)))
-        return self.cluster.time_subgraph(part, self.features[rows], 2, together)
+        return time_together(cores, self.hosts, len(os.sched_getaffinity(0)))
 
     def _uplink_rates(self) -> list[float]:
         """Each node's device uplink in bytes/s: measured over its shaped link (all links at
@@ -287,7 +290,8 @@ class FogService:
             with self.startup("rate probes"):
                 rates = self._uplink_rates()
             with self.startup("profile"):
-                measured = self.placement.profile(names, self._time_all, rates)
+                time_all = partial(self._time_all, together=self._time_together())
+                measured = self.placement.profile(names, time_all, rates)
             if self.profiles is not None:
                 self.profiles.save(key, measured)
         with self.startup("plan"):
