@@ -41,7 +41,8 @@ from common import (  # noqa: E402
     write_results,
 )
 from gnnserve.cli import main as gnnserve_cli  # noqa: E402
-from gnnserve.demo import free_port, stop_server, wait_ready  # noqa: E402
+from gnnserve.demo import stop_server, wait_ready  # noqa: E402
+from gnnserve.ports import free_port  # noqa: E402
 
 STEADY = 50  # requests after the first
 FANOUTS = "10,5"

@@ -29,10 +29,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import Targets, parse_args, result_name, write_results  # noqa: E402
 from dynamic import BATCH, check_latency_targets, make_store, plot_latency, update_stream  # noqa: E402
 from gnnserve import loadgen  # noqa: E402
-from gnnserve.demo import free_port, start_server, stop_server, wait_ready  # noqa: E402
+from gnnserve.demo import start_server, stop_server, wait_ready  # noqa: E402
 from gnnserve.graph import open_graph_store  # noqa: E402
 from gnnserve.models.checkpoint import save_checkpoint  # noqa: E402
 from gnnserve.models.zoo import GNN, ModelConfig  # noqa: E402
+from gnnserve.ports import free_port  # noqa: E402
 
 UPDATE_RATES = [0, 1000, 5000]  # updates per second
 REQUEST_RATE = 300.0  # prediction requests per second

@@ -259,7 +259,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smoke run: 1 round, short steps")
     args = parser.parse_args()
-    from gnnserve.demo import free_port, start_server, stop_server, wait_ready
+    from gnnserve.demo import start_server, stop_server, wait_ready
+    from gnnserve.ports import free_port
 
     rounds, step_s = (1, 1.5) if args.quick else (5, 8.0)
     with tempfile.TemporaryDirectory() as tmp:

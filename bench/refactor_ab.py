@@ -42,7 +42,8 @@ from common import (  # noqa: E402
     write_results,
 )
 from gnnserve import loadgen  # noqa: E402
-from gnnserve.demo import free_port, wait_ready  # noqa: E402
+from gnnserve.demo import wait_ready  # noqa: E402
+from gnnserve.ports import free_port  # noqa: E402
 
 
 def _args() -> Any:

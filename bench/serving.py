@@ -55,7 +55,8 @@ from common import (  # noqa: E402
     write_results,
 )
 from gnnserve import loadgen  # noqa: E402
-from gnnserve.demo import free_port, stop_server, wait_ready  # noqa: E402
+from gnnserve.demo import stop_server, wait_ready  # noqa: E402
+from gnnserve.ports import free_port  # noqa: E402
 
 P99_BUDGET_MS = 30.0
 FIXED_RPS = 100.0  # below both servers' capacity on the 2-core reference machine

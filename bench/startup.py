@@ -47,7 +47,8 @@ from common import (  # noqa: E402
     write_results,
 )
 from gnnserve.cli import main as gnnserve_cli  # noqa: E402
-from gnnserve.demo import free_port, start_server, stop_server, wait_ready  # noqa: E402
+from gnnserve.demo import start_server, stop_server, wait_ready  # noqa: E402
+from gnnserve.ports import free_port  # noqa: E402
 
 STEADY = 30  # requests after the first, per kind
 FOG_STEADY = 5  # a fog request is a whole round

@@ -19,7 +19,8 @@ import pytest
 
 from gnnserve.cli import SERVE_FLAGS, build_parser, config_field, main, serve_config
 from gnnserve.config import ServeConfig
-from gnnserve.demo import free_port, start_server, stop_server, wait_ready
+from gnnserve.demo import start_server, stop_server, wait_ready
+from gnnserve.ports import free_port
 
 
 def test_prepare_rejects_bad_input_with_a_message(tmp_path: Path, capsys) -> None:

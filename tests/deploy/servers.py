@@ -9,42 +9,36 @@ from pathlib import Path
 
 import httpx
 
-from gnnserve.demo import free_port, start_server, stop_server, wait_ready
+from gnnserve.demo import start_server, stop_server, wait_ready
+from gnnserve.ports import free_port
+
+
+@contextmanager
+def served_together(store: Path, ckpt: Path, *flag_sets: tuple[str, ...]) -> Iterator[list[str]]:
+    """One `gnnserve serve` child process per entry of ``flag_sets``, started at once (their
+    start-ups overlap), all ready; yields their base URLs. Each must stop with exit code 0."""
+    ports: list[int] = []
+    while len(ports) < len(flag_sets):
+        if (port := free_port()) not in ports:
+            ports.append(port)
+    bases = [f"http://127.0.0.1:{p}" for p in ports]
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        for port, flags in zip(ports, flag_sets, strict=True):
+            procs.append(start_server(store, ckpt, port, *flags))
+        for base, proc in zip(bases, procs, strict=True):
+            wait_ready(base, proc, timeout_s=180)
+        yield bases
+    finally:
+        codes = [stop_server(proc, timeout_s=60) for proc in procs]
+        assert codes == [0] * len(procs), codes
 
 
 @contextmanager
 def served(store: Path, ckpt: Path, *flags: str) -> Iterator[str]:
     """A `gnnserve serve` child process with ``flags``, ready; yields its base URL."""
-    port = free_port()
-    proc = start_server(store, ckpt, port, *flags)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        wait_ready(base, proc, timeout_s=180)
+    with served_together(store, ckpt, flags) as (base,):
         yield base
-    finally:
-        assert stop_server(proc, timeout_s=60) == 0
-
-
-@contextmanager
-def served_pair(
-    store: Path, ckpt: Path, flags_a: tuple[str, ...], flags_b: tuple[str, ...]
-) -> Iterator[tuple[str, str]]:
-    """Two `gnnserve serve` child processes started at once (their start-ups overlap), both
-    ready; yields their base URLs."""
-    ports = free_port(), free_port()
-    while ports[1] == ports[0]:
-        ports = ports[0], free_port()
-    bases = tuple(f"http://127.0.0.1:{p}" for p in ports)
-    procs: list[subprocess.Popen[bytes]] = []
-    try:
-        for port, flags in zip(ports, (flags_a, flags_b), strict=True):
-            procs.append(start_server(store, ckpt, port, *flags))
-        for base, proc in zip(bases, procs, strict=True):
-            wait_ready(base, proc, timeout_s=180)
-        yield bases[0], bases[1]
-    finally:
-        codes = [stop_server(proc, timeout_s=60) for proc in procs]
-        assert codes == [0] * len(procs), codes
 
 
 def predict(base: str, body: dict[str, object]) -> dict[str, object]:

@@ -15,7 +15,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gnnserve.demo import free_port, wait_ready
+from gnnserve.demo import wait_ready
+from gnnserve.ports import free_port
 
 BATCHES = 5
 SYSCALLS = "trace=fsync,fdatasync,write,sendto,sendmsg,writev"

@@ -11,12 +11,13 @@ import numpy as np
 import pytest
 
 from gnnserve.config import ServeConfig
-from gnnserve.demo import free_port, stop_server, wait_ready
+from gnnserve.demo import stop_server, wait_ready
 from gnnserve.dynamic.store import DynamicStore
 from gnnserve.engine.loader import build_engine
 from gnnserve.errors import StoreFormatError
 from gnnserve.features import open_feature_store
 from gnnserve.graph import open_graph_store
+from gnnserve.ports import free_port
 
 BATCHES = 6
 

@@ -15,9 +15,9 @@ import pytest
 import uvicorn
 
 from gnnserve.config import ServeConfig
-from gnnserve.demo import free_port
 from gnnserve.engine.loader import build_engine
 from gnnserve.graph import open_graph_store
+from gnnserve.ports import free_port
 from gnnserve.server.app import create_app
 from tests.engine.test_engine import _Gate
 
@@ -30,7 +30,7 @@ import json, sys, threading, time
 import httpx, uvicorn
 from gnnserve.compiled import compiled_signatures as signatures
 from gnnserve.config import ServeConfig
-from gnnserve.demo import free_port
+from gnnserve.ports import free_port
 from gnnserve.engine.loader import build_engine
 from gnnserve.server.app import create_app
 

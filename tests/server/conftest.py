@@ -12,9 +12,9 @@ import pytest
 import uvicorn
 
 from gnnserve.config import ServeConfig
-from gnnserve.demo import free_port
 from gnnserve.engine.engine import Engine
 from gnnserve.engine.loader import build_engine
+from gnnserve.ports import free_port
 from gnnserve.server.app import create_app
 
 MAX_NODES = 64

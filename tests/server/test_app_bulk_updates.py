@@ -11,8 +11,9 @@ import httpx
 import pyarrow as pa
 import pytest
 
-from gnnserve.demo import free_port, start_server, stop_server, wait_ready
+from gnnserve.demo import start_server, stop_server, wait_ready
 from gnnserve.dynamic.bulk import ARROW_STREAM, to_stream
+from gnnserve.ports import free_port
 
 ARROW = {"content-type": ARROW_STREAM}
 

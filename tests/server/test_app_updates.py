@@ -10,8 +10,9 @@ import httpx
 import numpy as np
 import pytest
 
-from gnnserve.demo import free_port, start_server, stop_server, wait_ready
+from gnnserve.demo import start_server, stop_server, wait_ready
 from gnnserve.graph import open_graph_store
+from gnnserve.ports import free_port
 
 
 def _start(store: Path, ckpt: Path, log: Path):  # type: ignore[no-untyped-def]

@@ -13,7 +13,8 @@ import httpx
 import pytest
 
 from gnnserve import cli
-from gnnserve.demo import free_port, start_server, stop_server, wait_ready
+from gnnserve.demo import start_server, stop_server, wait_ready
+from gnnserve.ports import free_port
 from gnnserve.server.auth import ENV_VAR, is_loopback, load_api_keys, parse_api_keys
 
 READ = "read-token-0123456789abcdef"

@@ -15,7 +15,7 @@ import numpy as np
 import psutil
 import pytest
 
-from gnnserve.demo import free_port, start_server, stop_server, wait_ready
+from gnnserve.demo import start_server, stop_server, wait_ready
 from gnnserve.deploy.faas.pool import InstanceFailedError
 from gnnserve.engine.loader import build_engine
 from gnnserve.errors import (
@@ -27,6 +27,7 @@ from gnnserve.errors import (
     cut,
     echo,
 )
+from gnnserve.ports import free_port
 from gnnserve.server.app import error_response
 from gnnserve.server.limits import (
     BASE_BODY_BYTES,

@@ -9,7 +9,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gnnserve.demo import free_port, start_server, stop_server, wait_ready
+from gnnserve.demo import start_server, stop_server, wait_ready
+from gnnserve.ports import free_port
 
 pytestmark = pytest.mark.slow
 

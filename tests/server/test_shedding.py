@@ -16,10 +16,10 @@ import httpx
 import uvicorn
 
 from gnnserve.config import ServeConfig
-from gnnserve.demo import free_port
 from gnnserve.engine.delay import ServiceModel
 from gnnserve.engine.engine import Engine
 from gnnserve.engine.loader import build_engine
+from gnnserve.ports import free_port
 from gnnserve.server.app import create_app
 from tests.engine.test_engine import _Gate
 from tests.server.conftest import serving

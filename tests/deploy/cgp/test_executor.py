@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from gnnserve.cli import main
-from tests.deploy.servers import metric, predict, served_pair
+from tests.deploy.servers import metric, predict, served_together
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 
@@ -31,7 +31,7 @@ def _logits_like(base: str, body: dict[str, object]) -> np.ndarray:
 def test_cgp_answers_equal_local(pe_store: Path, small_ckpt: Path) -> None:
     common = ["--fanouts", "5,3", "--new-node-mode", "srpe", "--gamma", "0.5"]
     cgp_flags = (*common, "--deploy", "cgp", "--deploy-workers", "2")
-    with served_pair(pe_store, small_ckpt, tuple(common), cgp_flags) as (local, cgp):
+    with served_together(pe_store, small_ckpt, tuple(common), cgp_flags) as (local, cgp):
         srpe = {"new_nodes": NEW_NODES}
         assert metric(cgp, "gnnserve_deploy_cgp_requests") == 0
         want, got = _logits_like(local, srpe), _logits_like(cgp, srpe)

@@ -14,7 +14,7 @@ import numpy as np
 import psutil
 import pytest
 
-from tests.deploy.servers import metric, predict, served_pair, update
+from tests.deploy.servers import metric, predict, served_together, update
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 
@@ -33,7 +33,7 @@ def test_dgs_answers_equal_local_presample_before_and_after_updates(
     local_log, dgs_log = str(tmp_path / "local.log"), str(tmp_path / "dgs.log")
     local_flags = [*FANOUTS, "--presample", "--update-log", local_log]
     dgs_flags = [*FANOUTS, "--deploy", "dgs", "--deploy-workers", "2", "--update-log", dgs_log]
-    with served_pair(small_store, small_ckpt, tuple(local_flags), tuple(dgs_flags)) as (
+    with served_together(small_store, small_ckpt, tuple(local_flags), tuple(dgs_flags)) as (
         local,
         dgs,
     ):

@@ -13,7 +13,7 @@ from gnnserve.cli import main
 from gnnserve.deploy.fog.nodes import load_nodes
 from gnnserve.deploy.fog.service import NodeSpec
 from gnnserve.errors import InvalidInputError
-from tests.deploy.servers import metric, predict, served_pair
+from tests.deploy.servers import metric, predict, served_together
 
 NODES = (
     "nodes:\n  - {name: weak, cores: 0.3, link: wifi}\n"
@@ -34,7 +34,7 @@ def test_fog_answers_equal_full_neighbourhood_inference(
     nodes = tmp_path / "nodes.yaml"
     nodes.write_text(NODES)
     fog_flags = ["--deploy", "fog", "--nodes", str(nodes), "--fog-codec", "lossless"]
-    with served_pair(small_store, small_ckpt, ("--fanouts=-1,-1",), tuple(fog_flags)) as (
+    with served_together(small_store, small_ckpt, ("--fanouts=-1,-1",), tuple(fog_flags)) as (
         local,
         fog,
     ):
