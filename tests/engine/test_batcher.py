@@ -47,10 +47,10 @@ def _trained_backlog(service_s: float) -> Backlog:
     return backlog
 
 
-def _in_flight(backlog: Backlog) -> None:
-    """One more batch of one unit starts now."""
+def _in_flight(backlog: Backlog, start: float) -> None:
+    """One more batch of one unit starts at ``start`` (perf_counter time)."""
     backlog.enqueue(1)
-    backlog.started(1, 1, time.perf_counter())
+    backlog.started(1, 1, start)
 
 
 def _tickets_fitting(left_ms: float) -> int:
@@ -58,13 +58,15 @@ def _tickets_fitting(left_ms: float) -> int:
     return int(min(1000.0, 100.0 * left_ms + 50.0) // COST)
 
 
-def _take(batcher: Batcher, arrival: float, start_delay_s: float = 0.0) -> tuple[int, int, int]:
+def _take(batcher: Batcher, arrival: float, free: float | None = None) -> tuple[int, int, int]:
     """(tickets batched, fewest and most the cap allows for the time the call took): the
-    batcher reads the clock itself, so the bound is taken before and after it."""
+    batcher reads the clock itself, so the bound is taken before and after it; its batch
+    starts then, or at ``free`` (when the batches in flight are predicted done) if later."""
     before = time.perf_counter()
     got = len(batcher.next_batch().tickets)
     after = time.perf_counter()
-    left = [10.0 - (t + start_delay_s - arrival) * 1e3 for t in (after, before)]
+    starts = [t if free is None else max(t, free) for t in (after, before)]
+    left = [10.0 - (start - arrival) * 1e3 for start in starts]
     return got, _tickets_fitting(left[0]), _tickets_fitting(left[1])
 
 
@@ -87,19 +89,19 @@ def test_the_cap_counts_the_wait_for_batches_in_flight() -> None:
     backlog = _trained_backlog(0.005)
     inbox: queue.Queue[object] = queue.Queue()
     batcher = _batcher(inbox, backlog)
-    _in_flight(backlog)  # free in ~5 ms
     now = time.perf_counter()
+    _in_flight(backlog, now)  # free ~5 ms after now
     free = backlog.free_at(now)
     assert free is not None and free - now > 0.003
     _fill(inbox, 12, now)
-    got, low, high = _take(batcher, now, start_delay_s=free - now)
+    got, low, high = _take(batcher, now, free)
     assert low <= got <= high and got <= 6  # the wait ahead leaves ~5 ms: cap ~550
 
 
 def test_admission_refuses_an_answer_predicted_past_the_slo() -> None:
     backlog = _trained_backlog(0.008)
-    _in_flight(backlog)  # busy: one batch of ~8 ms ahead, then its own of ~8 ms
     now = time.perf_counter()
+    _in_flight(backlog, now)  # busy: one batch of ~8 ms ahead, then its own of ~8 ms
     for slo, refused in ((10.0, True), (100.0, False)):
         admission = Admission(AdmissionConfig(), 1024, slo_ms=slo)
         reason, predicted = admission.refusal(backlog, 1, now, None)
