@@ -153,8 +153,10 @@ class Batcher:
         cost: Callable[[np.ndarray], float] | None = None,
         backlog: Backlog | None = None,
         slo_cap: Callable[[float], float] | None = None,
+        clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         self.config = config
+        self.clock = clock  # seconds, perf_counter's scale: tickets' arrivals are on it
         self.slo_cap = slo_cap  # ms of SLO left when a batch starts -> its PSGS cap
         self.inbox = inbox
         self.cost = cost  # expected sampling work of some seeds (PSGS sum), for max_batch_cost
@@ -179,7 +181,7 @@ class Batcher:
                 return None
             assert isinstance(item, Ticket)
             deadline = item.deadline_s
-            expired = deadline is not None and time.perf_counter() > deadline
+            expired = deadline is not None and self.clock() > deadline
             if expired or item.future.cancelled():  # cancelled: its caller went away
                 if self.backlog is not None:
                     self.backlog.dequeue(int(item.nodes.size))
@@ -199,7 +201,7 @@ class Batcher:
         slo = self.config.latency_slo_ms
         if self.slo_cap is None or slo is None:
             return static
-        now = time.perf_counter()
+        now = self.clock()
         free = self.backlog.free_at(now) if self.backlog is not None else None
         start = now if free is None else free
         return min(static, self.slo_cap(slo - (start - oldest.arrival_s) * 1e3))
@@ -213,9 +215,9 @@ class Batcher:
         rng_seed = first.request.options.seed
         size, cost = first.nodes.size, self._cost(first)
         max_cost = self._max_cost(first)
-        close_at = time.perf_counter() + self.config.max_wait_ms / 1e3
+        close_at = self.clock() + self.config.max_wait_ms / 1e3
         while size < self.config.max_batch_nodes and cost < max_cost:
-            remaining = close_at - time.perf_counter()
+            remaining = close_at - self.clock()
             ticket = self._take(timeout=max(remaining, 0.0) if remaining > 0 else 0)
             if ticket is None:
                 break
@@ -232,7 +234,7 @@ class Batcher:
             size += ticket.nodes.size
             cost += extra
         seeds = np.concatenate([t.nodes for t in tickets])
-        batch = Batch(tickets, seeds, time.perf_counter(), fanouts=fanouts, rng_seed=rng_seed)
+        batch = Batch(tickets, seeds, self.clock(), fanouts=fanouts, rng_seed=rng_seed)
         if self.backlog is not None:
             batch.token = self.backlog.started(int(seeds.size), len(tickets), batch.formed_s)
         return batch
@@ -241,5 +243,5 @@ class Batcher:
         """``batch`` left the pipeline (answered or failed): report it to the backlog."""
         if self.backlog is not None and batch.token is not None:
             ok = "compute" in batch.stage_ms  # the model ran: its time is a service sample
-            self.backlog.finished(batch.token, time.perf_counter(), ok)
+            self.backlog.finished(batch.token, self.clock(), ok)
             batch.token = None
