@@ -39,7 +39,7 @@ test: $(STAMP)
 	$(MAKE) --no-print-directory -j4 lint typecheck docs pytest
 
 pytest: $(STAMP)
-	$(BIN)/python -m pytest -q --durations=15
+	$(BIN)/python -m pytest -q --durations=15 -n 2 --dist loadgroup
 
 # Benchmarks need PyG's NeighborLoader baseline: torch-sparse from ../shared/wheels.
 bench: $(STAMP)

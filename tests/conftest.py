@@ -23,6 +23,48 @@ from tests.ray_cluster import two_nodes  # noqa: F401 - a fixture of the multi-n
 
 DATASETS = Path(__file__).resolve().parents[1].parent / "shared" / "datasets"
 
+# `make test` runs the suite on two pytest-xdist workers (`--dist loadgroup`). The tests that
+# start deployments, Ray clusters, SeaweedFS, cgroups or namespaces form one xdist group and run
+# one after another on one worker, beside the other tests on the other: they share the worker's
+# session Ray instance, and some check machine-wide state (a FaaS test: no temp file of its
+# kind outlives its service). Split into groups by deployment, the suite took as long (the
+# machine's two cores are the limit) and such checks saw the other group's files.
+MACHINE_GROUP = "machine"
+MACHINE_FIXTURES = frozenset({"ray_instance", "two_nodes", "object_store"})
+MACHINE_DIRS = ("tests/deploy/",)
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def uses_the_machine(item: pytest.Item) -> bool:
+    """Whether a test starts machine-wide resources (then it runs in MACHINE_GROUP)."""
+    path = str(Path(str(item.path)).resolve().relative_to(ROOT))
+    return (
+        path.startswith(MACHINE_DIRS)
+        or item.get_closest_marker("distributed") is not None
+        or not MACHINE_FIXTURES.isdisjoint(getattr(item, "fixturenames", ()))
+    )
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups in its own hook
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Puts every test that uses machine-wide resources in one xdist group (see above)."""
+    if not config.pluginmanager.hasplugin("xdist"):  # its marker exists only with it
+        return
+    for item in items:
+        if uses_the_machine(item):
+            item.add_marker(pytest.mark.xdist_group(MACHINE_GROUP))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Refuses --dist loadgroup where pytest-xdist cannot group: it writes the group into the
+    node id, which pytest 9.2 ignores (pytest-xdist#1386), and the machine's tests would run on
+    both workers at once. pyproject.toml pins pytest<9.2 for that reason."""
+    if config.getoption("dist", default="no") == "loadgroup" and pytest.version_tuple >= (9, 2):
+        raise pytest.UsageError(
+            f"--dist loadgroup does not group tests under pytest {pytest.__version__}"
+            " (pytest-xdist#1386): install pytest<9.2, or run without -n"
+        )
+
 
 def python_output(code: str, timeout: float = 120) -> list[str]:
     """The stdout lines of ``code`` run in a fresh interpreter (a clean ``sys.modules``: import

@@ -20,7 +20,8 @@ def owned_tempdir(kind: str) -> Path:
     return Path(tempfile.mkdtemp(prefix=prefix))
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (a reused number counts as alive: the safe side)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -38,7 +39,7 @@ def sweep_dead(kind: str, root: str | Path | None = None) -> list[Path]:
     removed = []
     for path in base.glob(f"gnnserve-{kind}-p*"):
         match = pattern.match(path.name)
-        if match and path.is_dir() and not _alive(int(match.group(1))):
+        if match and path.is_dir() and not pid_alive(int(match.group(1))):
             shutil.rmtree(path, ignore_errors=True)
             removed.append(path)
     return removed

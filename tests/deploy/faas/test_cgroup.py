@@ -158,6 +158,24 @@ def test_cleanup_stale_removes_only_empty_groups() -> None:
     assert not busy.path.exists()
 
 
+def test_cleanup_stale_keeps_the_empty_groups_of_live_services_but_its_own() -> None:
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    theirs = MemoryCgroup(f"p{live.pid}-0123abcd-infer-0-0", 64 * MiB, root=ROOT)
+    gone = MemoryCgroup(f"p{dead.pid}-0123abcd-infer-0-0", 64 * MiB, root=ROOT)
+    mine = MemoryCgroup(f"p{os.getpid()}-4567abcd-sample-0-1", 64 * MiB, root=ROOT)
+    try:
+        assert cleanup_stale(ROOT) == 1  # a live service may be about to join its groups
+        assert theirs.path.exists() and mine.path.exists() and not gone.path.exists()
+        assert cleanup_stale(ROOT, owner=f"p{os.getpid()}-4567abcd") == 1  # its own, stopped
+        assert theirs.path.exists() and not mine.path.exists()
+    finally:
+        live.kill()
+        live.wait()
+    assert cleanup_stale(ROOT) == 1 and not theirs.path.exists()  # its owner has exited now
+
+
 @pytest.mark.parametrize("name", ["a/b", "..", ".", "", ".hidden", "x" * 129, 7])
 def test_bad_names(name: object) -> None:
     with pytest.raises(InvalidInputError) as info:

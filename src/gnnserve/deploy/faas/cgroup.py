@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 from gnnserve.errors import InvalidInputError
+from gnnserve.tempdirs import pid_alive
 
 MIN_LIMIT_BYTES = 4 << 20  # below this the kernel kills before anything useful runs
 MAX_LIMIT_BYTES = (1 << 63) - 1  # larger values the kernel clamps silently (or refuses)
@@ -360,9 +361,15 @@ def join_memory_cgroup(name: str, limit_bytes: int, root: str = "gnnserve") -> M
     return group
 
 
-def cleanup_stale(root: str = "gnnserve") -> int:
+_SERVICE_TAG = re.compile(r"p(\d+)-[0-9a-f]{8}-")  # a FaaS service's tag opens its groups' names
+
+
+def cleanup_stale(root: str = "gnnserve", owner: str | None = None) -> int:
     """Remove the empty cgroups below ``root`` (left by instances that died or crashed runs),
-    deepest first; returns how many were removed. Busy ones (with processes) stay."""
+    deepest first; returns how many were removed. Busy ones (with processes) stay, and so do
+    those named for a live service (``p<pid>-<id>-...`` with that PID alive, other than
+    ``owner``, the calling service's tag): another deployment may have made one a moment
+    before its instance joins it."""
     _check_root(root)
     v1, v2 = _mounts()
     mount = v1 if v1 is not None else v2
@@ -371,8 +378,18 @@ def cleanup_stale(root: str = "gnnserve") -> int:
         return 0
     removed = 0
     for child in sorted((p for p in base.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
+        if _live_others(child.relative_to(base).parts[0], owner):
+            continue
         with contextlib.suppress(OSError):  # gone meanwhile, busy (a process joined) or not empty
             if not (child / "cgroup.procs").read_text().split():
                 child.rmdir()
                 removed += 1
     return removed
+
+
+def _live_others(name: str, owner: str | None) -> bool:
+    """Whether group ``name`` belongs to a live FaaS service other than ``owner``."""
+    if owner is not None and name.startswith(f"{owner}-"):
+        return False
+    match = _SERVICE_TAG.match(name)
+    return match is not None and pid_alive(int(match.group(1)))

@@ -252,12 +252,13 @@ class FaaSService:
         for leftover in scratch_dir(self._tag).parent.glob(f"{self._tag}-*"):
             shutil.rmtree(leftover, ignore_errors=True)  # instances that died mid-download
         if cgroup_support() is None:
-            _cleanup_groups()
+            _cleanup_groups(self._tag)
         stop_ray(self._started_ray)
 
 
-def _cleanup_groups() -> None:
-    """Remove the empty cgroups of stopped instances (killed processes exit within moments;
-    groups still busy now are removed when the next service starts)."""
+def _cleanup_groups(tag: str) -> None:
+    """Remove the empty cgroups of this service's (``tag``) stopped instances and of dead
+    services' (killed processes exit within moments; groups still busy now are removed when
+    the next service starts)."""
     time.sleep(0.5)
-    cleanup_stale()
+    cleanup_stale(owner=tag)
