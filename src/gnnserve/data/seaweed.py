@@ -136,6 +136,17 @@ class ObjectStoreServer:
         )
         return sum(int(float(m.group(1))) for m in map(pattern.match, text.splitlines()) if m)
 
+    def wait_requests(self, kind: str, at_least: int, timeout_s: float = 10.0) -> int:
+        """:meth:`requests` once it reaches ``at_least``, or at ``timeout_s`` seconds, whichever
+        is first: the server may count a request just after the client has its answer (seen
+        on a loaded machine), so a count read at once can lag by the last request."""
+        deadline = time.monotonic() + timeout_s
+        count = self.requests(kind)
+        while count < at_least and time.monotonic() < deadline:
+            time.sleep(0.05)
+            count = self.requests(kind)
+        return count
+
     def rss_bytes(self) -> int:
         """Resident memory of the weed process in bytes (0 once it has exited)."""
         try:
