@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from gnnserve.errors import InvalidInputError
-from gnnserve.tempdirs import pid_alive
+from gnnserve.tempdirs import owner_alive
 
 MIN_LIMIT_BYTES = 4 << 20  # below this the kernel kills before anything useful runs
 MAX_LIMIT_BYTES = (1 << 63) - 1  # larger values the kernel clamps silently (or refuses)
@@ -361,9 +361,6 @@ def join_memory_cgroup(name: str, limit_bytes: int, root: str = "gnnserve") -> M
     return group
 
 
-_SERVICE_TAG = re.compile(r"p(\d+)-[0-9a-f]{8}-")  # a FaaS service's tag opens its groups' names
-
-
 def cleanup_stale(root: str = "gnnserve", owner: str | None = None) -> int:
     """Remove the empty cgroups below ``root`` (left by instances that died or crashed runs),
     deepest first; returns how many were removed. Busy ones (with processes) stay, and so do
@@ -389,7 +386,5 @@ def cleanup_stale(root: str = "gnnserve", owner: str | None = None) -> int:
 
 def _live_others(name: str, owner: str | None) -> bool:
     """Whether group ``name`` belongs to a live FaaS service other than ``owner``."""
-    if owner is not None and name.startswith(f"{owner}-"):
-        return False
-    match = _SERVICE_TAG.match(name)
-    return match is not None and pid_alive(int(match.group(1)))
+    mine = owner is not None and name.startswith(f"{owner}-")
+    return not mine and owner_alive(name)  # a FaaS service's tag opens its groups' names

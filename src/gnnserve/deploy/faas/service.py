@@ -22,7 +22,6 @@ import math
 import os
 import shutil
 import time
-import uuid
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
 from typing import Any
@@ -41,6 +40,7 @@ from gnnserve.deploy.faas.launch import LAUNCHERS, InstanceHandle, Resources
 from gnnserve.deploy.faas.pool import FunctionPool
 from gnnserve.deploy.faas.scheduler import Scheduler
 from gnnserve.deploy.ray import start_ray, stop_ray
+from gnnserve.tempdirs import owner_tag
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +121,7 @@ class FaaSService:
         quotas = (self._quota(sample_spec), self._quota(spec))
         max_instances = instance_cap(max_instances, min_instances, quotas, budget)
         self.max_instances = max_instances
-        self._tag = f"p{os.getpid()}-{uuid.uuid4().hex[:8]}"  # cgroup names: unique per service
+        self._tag = owner_tag()  # cgroup names: unique per service, the owner's PID in them
         self.launcher = LAUNCHERS.create(launch, self._tag)
         self._started_ray = self.launcher.uses_ray and start_ray(
             num_cpus=max(2, (max_instances or 4) * 2)
