@@ -23,36 +23,46 @@ from tests.ray_cluster import two_nodes  # noqa: F401 - a fixture of the multi-n
 
 DATASETS = Path(__file__).resolve().parents[1].parent / "shared" / "datasets"
 
-# `make test` runs the suite on two pytest-xdist workers (`--dist loadgroup`). The tests that
-# start deployments, Ray clusters, SeaweedFS, cgroups or namespaces form one xdist group and run
-# one after another on one worker, beside the other tests on the other: they share the worker's
-# session Ray instance, and some check machine-wide state (a FaaS test: no temp file of its
-# kind outlives its service). Split into groups by deployment, the suite took as long (the
-# machine's two cores are the limit) and such checks saw the other group's files.
-MACHINE_GROUP = "machine"
+# `make test` runs the suite on pytest-xdist workers (`--dist loadgroup`). The tests that start
+# deployments, Ray clusters, SeaweedFS, cgroups or namespaces form two xdist groups, each run
+# one test after another on one worker (its own session Ray instance), beside every other test
+# on any worker. The groups split by what they share: STORE_GROUP holds the session SeaweedFS's
+# users, FaaS (whose checks look for FaaS temp files and cgroups, machine-wide) and CGP;
+# RAY_GROUP the rest (DGS, fog, the two-node cluster). Each group's tests share that worker's
+# Ray instance and fixtures; the two groups share nothing but the machine (resources carry a
+# per-deployment id, ports are checked free). One group for all of them kept one worker busy
+# for the whole run (~410 s) while the other finished its tests in ~220 s.
+STORE_GROUP = "machine-store"
+RAY_GROUP = "machine-ray"
 MACHINE_FIXTURES = frozenset({"ray_instance", "two_nodes", "object_store"})
 MACHINE_DIRS = ("tests/deploy/",)
+STORE_DIRS = ("tests/deploy/faas/", "tests/deploy/cgp/")
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def uses_the_machine(item: pytest.Item) -> bool:
-    """Whether a test starts machine-wide resources (then it runs in MACHINE_GROUP)."""
+def machine_group(item: pytest.Item) -> str | None:
+    """The xdist group of a test that starts machine-wide resources (None: it starts none)."""
     path = str(Path(str(item.path)).resolve().relative_to(ROOT))
-    return (
+    fixtures = set(getattr(item, "fixturenames", ()))
+    if path.startswith(STORE_DIRS) or "object_store" in fixtures:
+        return STORE_GROUP
+    if (
         path.startswith(MACHINE_DIRS)
         or item.get_closest_marker("distributed") is not None
-        or not MACHINE_FIXTURES.isdisjoint(getattr(item, "fixturenames", ()))
-    )
+        or not MACHINE_FIXTURES.isdisjoint(fixtures)
+    ):
+        return RAY_GROUP
+    return None
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups in its own hook
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Puts every test that uses machine-wide resources in one xdist group (see above)."""
+    """Puts every test that uses machine-wide resources in its xdist group (see above)."""
     if not config.pluginmanager.hasplugin("xdist"):  # its marker exists only with it
         return
     for item in items:
-        if uses_the_machine(item):
-            item.add_marker(pytest.mark.xdist_group(MACHINE_GROUP))
+        if (group := machine_group(item)) is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
 
 
 def pytest_configure(config: pytest.Config) -> None:

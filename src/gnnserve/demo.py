@@ -37,13 +37,15 @@ def _step(text: str) -> None:
 def wait_ready(base_url: str, proc: subprocess.Popen[bytes], timeout_s: float = 120.0) -> None:
     """Poll /v2/health/ready until 200; fail early if the server process died."""
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited with code {proc.returncode} before becoming ready")
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(f"{base_url}/v2/health/ready", timeout=1.0).status_code == 200:
-                return
-        time.sleep(0.2)
+    with httpx.Client(timeout=1.0) as client:  # one client: each new one loads the CA bundle
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                code = proc.returncode
+                raise RuntimeError(f"server exited with code {code} before becoming ready")
+            with contextlib.suppress(httpx.HTTPError):
+                if client.get(f"{base_url}/v2/health/ready").status_code == 200:
+                    return
+            time.sleep(0.2)
     raise RuntimeError(f"server not ready after {timeout_s:.0f} s")
 
 

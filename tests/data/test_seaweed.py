@@ -40,7 +40,7 @@ def test_running_server_fields(object_store: Any) -> None:
     }
     config = (object_store.data_dir / "identities.json").stat()
     assert config.st_mode & 0o077 == 0  # the secret is readable by its owner only
-    lists = object_store.requests("LIST")
+    lists = object_store.settled_requests("LIST")
     open_blobs(f"s3://{object_store.bucket}", object_store.options()).names()
     assert object_store.wait_requests("LIST", lists + 1) == lists + 1
 

@@ -147,6 +147,20 @@ class ObjectStoreServer:
             count = self.requests(kind)
         return count
 
+    def settled_requests(self, kind: str = "GET", quiet_s: float = 0.25) -> int:
+        """:meth:`requests` once it has not changed for ``quiet_s`` seconds (10 s at most): a
+        baseline read before counting new requests, which must not lag behind requests already
+        answered (a count taken while the server still counts the last one makes the next
+        delta one too many)."""
+        deadline = time.monotonic() + 10.0
+        count = self.requests(kind)
+        while time.monotonic() < deadline:
+            time.sleep(quiet_s)
+            if (now := self.requests(kind)) == count:
+                break
+            count = now
+        return count
+
     def rss_bytes(self) -> int:
         """Resident memory of the weed process in bytes (0 once it has exited)."""
         try:

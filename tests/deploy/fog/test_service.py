@@ -125,7 +125,14 @@ def test_fograph_answers_on_the_decoded_uploads_before_and_after_a_migration(
             pytest.skip("no CPU quotas on this machine: cannot script a load change")
         svc.set_cores(2, 0.05)  # background load on the strong node
         first: np.ndarray | None = None
-        for seed in range(4, 8):
+        # until two rounds after its first move, 12 at most: with other processes on the
+        # machine's cores the first rounds after the cut can be slow on every node (no skew to
+        # act on); on an idle machine it moved within the first 4
+        after_move = 0
+        for seed in range(4, 16):
+            if after_move == 2:
+                break
+            after_move += first is not None
             x = _readings(seed)
             before = svc.membership.copy()
             report = svc.round(x)
@@ -135,7 +142,7 @@ def test_fograph_answers_on_the_decoded_uploads_before_and_after_a_migration(
             assert report.decision is not None
             if report.decision.mode != "keep" and first is None:
                 first = before[report.decision.moved]
-        assert first is not None, "the scheduler never reacted to a node slowed 20x"
+        assert first is not None, "the scheduler never reacted to a node slowed 20x in 12 rounds"
         assert (first == 2).mean() > 0.5  # its first move takes vertices off the slowed node
 
 
