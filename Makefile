@@ -11,7 +11,7 @@ TORCH_PIN := torch==2.13.0
 # largest part of a clean `make test` after the tests). The local wheel directory (this
 # machine's /opt/wheels, or pip's PIP_FIND_LINKS) holds the CPU build of torch.
 TORCH_WHEELS := $(firstword $(wildcard /opt/wheels) $(PIP_FIND_LINKS))
-UV_INSTALL = $(BIN)/uv pip install -q --python $(BIN)/python $(if $(TORCH_WHEELS),--find-links $(TORCH_WHEELS))
+UV_INSTALL = $(BIN)/uv pip install -q --compile-bytecode --python $(BIN)/python $(if $(TORCH_WHEELS),--find-links $(TORCH_WHEELS))
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 import pytest
 
@@ -20,6 +21,19 @@ if shutil.which("nvidia-smi") is None:
 
 from gnnserve.data.writer import GraphData, write_store
 from tests.ray_cluster import two_nodes  # noqa: F401 - a fixture of the multi-node tests
+
+# Every httpx client (httpx.get and httpx.post make one per call) builds a TLS context from
+# certifi's CA bundle: ~20 ms of CPU each, ~1,600 times a run, though every test request is
+# plain HTTP on loopback. The tests' clients share one context built the same way.
+_SHARED_TLS = httpx.create_ssl_context()
+_client_init = httpx.Client.__init__
+
+
+def _client_with_shared_tls(self: httpx.Client, *args: Any, verify: Any = True, **kw: Any) -> None:
+    _client_init(self, *args, verify=_SHARED_TLS if verify is True else verify, **kw)
+
+
+httpx.Client.__init__ = _client_with_shared_tls  # type: ignore[method-assign]
 
 DATASETS = Path(__file__).resolve().parents[1].parent / "shared" / "datasets"
 
