@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +23,13 @@ if shutil.which("nvidia-smi") is None:
 
 from gnnserve.data.writer import GraphData, write_store
 from tests.ray_cluster import two_nodes  # noqa: F401 - a fixture of the multi-node tests
+
+# What gnnserve keeps between runs (the fog start-up profiles) goes to a directory of this test
+# process, removed when it exits, never the user's ~/.cache: a run must not plan from profiles
+# measured by an earlier run (nor leave its own behind). Servers and Ray workers inherit it.
+_CACHE_DIR = tempfile.mkdtemp(prefix=f"gnnserve-tests-p{os.getpid()}-")
+os.environ["GNNSERVE_CACHE_DIR"] = _CACHE_DIR
+atexit.register(shutil.rmtree, _CACHE_DIR, True)
 
 # Every httpx client (httpx.get and httpx.post make one per call) builds a TLS context from
 # certifi's CA bundle: ~20 ms of CPU each, ~1,600 times a run, though every test request is

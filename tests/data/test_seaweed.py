@@ -46,6 +46,18 @@ def test_running_server_fields(object_store: Any) -> None:
 
 
 @pytest.mark.distributed
+def test_a_settled_count_includes_every_answered_request(object_store: Any) -> None:
+    blobs = open_blobs(f"s3://{object_store.bucket}/settle", object_store.options())
+    blobs.put("s.bin", b"0123456789")
+    blobs.manifest()  # the one GET for the block manifest (absent here), before any counting
+    before = object_store.settled_requests("GET")
+    for start in range(3):
+        blobs.get_ranges("s.bin", [start], [start + 2])
+    assert object_store.settled_requests("GET") == before + 3  # no wait for a count to arrive
+    assert object_store.requests("GET") == before + 3  # settled: nothing more came
+
+
+@pytest.mark.distributed
 def test_restart_on_the_same_directory_keeps_the_objects(tmp_path: Path) -> None:
     with ObjectStoreServer.start(tmp_path, bucket="keep") as first:
         open_blobs("s3://keep/p", first.options()).put("a.bin", b"kept bytes")

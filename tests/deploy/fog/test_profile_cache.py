@@ -63,3 +63,15 @@ def test_a_restart_reuses_the_profile(ray_instance, tmp_path: Path) -> None:  # 
         np.testing.assert_array_equal(second.membership, plan)
     assert timed == [1, 0]
     assert len(list((tmp_path / "profiles").glob("*.json"))) == 1
+
+
+def test_the_default_directory_follows_gnnserve_cache_dir_then_xdg(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from gnnserve.deploy.fog.profile_cache import default_dir
+
+    monkeypatch.setenv("GNNSERVE_CACHE_DIR", str(tmp_path / "own"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert default_dir() == tmp_path / "own" / "fog"
+    monkeypatch.delenv("GNNSERVE_CACHE_DIR")
+    assert default_dir() == tmp_path / "xdg" / "gnnserve" / "fog"

@@ -4,8 +4,9 @@ probing links again (most of a fog start-up).
 
 A profile is keyed by what it measured: the graph (a digest of its CSR), the model's
 configuration and weights, and every node's spec (name, cores, links, host). It lives in
-``<dir>/<key>.json`` (default directory ``$XDG_CACHE_HOME/gnnserve/fog`` or
-``~/.cache/gnnserve/fog``), written atomically; a file that cannot be read is measured again.
+``<dir>/<key>.json`` (default directory ``$GNNSERVE_CACHE_DIR/fog``, else
+``$XDG_CACHE_HOME/gnnserve/fog`` or ``~/.cache/gnnserve/fog``), written atomically; a file
+that cannot be read is measured again.
 ``serve --reprofile`` measures anyway and replaces it.
 """
 
@@ -29,7 +30,10 @@ log = logging.getLogger(__name__)
 
 
 def default_dir() -> Path:
-    """Where profiles are kept by default."""
+    """Where profiles are kept by default: under ``GNNSERVE_CACHE_DIR`` when it is set (the
+    test suite's own directory, never the user's), else the user's cache directory."""
+    if own := os.environ.get("GNNSERVE_CACHE_DIR"):
+        return Path(own) / "fog"
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "gnnserve" / "fog"
 
