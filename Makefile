@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-dev
 TORCH_PIN := torch==2.13.0
 
-.PHONY: demo test test-fast pytest lint typecheck docs install bench bench-quick bench-overload clean
+.PHONY: demo test test-fast pytest pytest-warm warm-kernels lint typecheck docs install bench bench-quick bench-overload clean
 
 # uv installs into the venv: ~10 s for torch and the dev extras where pip took ~70 s (the
 # largest part of a clean `make test` after the tests). The local wheel directory (this
@@ -41,9 +41,17 @@ typecheck: $(STAMP)
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
-# The checks run beside the tests (the suite leaves a core mostly idle); pytest streams its output.
+# The checks run beside numba's cache fill and then the tests; pytest streams its output.
 test: $(STAMP)
-	$(MAKE) --no-print-directory -j4 lint typecheck docs pytest
+	$(MAKE) --no-print-directory -j4 lint typecheck docs pytest-warm
+
+# numba's on-disk cache filled once by one process (tests/warm_kernels.py), so the xdist
+# workers, servers and Ray workers load the common kernels instead of each compiling them.
+warm-kernels: $(STAMP)
+	$(BIN)/python -m tests.warm_kernels
+
+pytest-warm: warm-kernels
+	$(MAKE) --no-print-directory pytest
 
 pytest: $(STAMP)
 	$(BIN)/python -m pytest -q --durations=15 -n 2 --dist loadgroup

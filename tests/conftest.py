@@ -126,8 +126,7 @@ def random_simple_graph(num_nodes: int, num_edges: int, seed: int) -> np.ndarray
     return ei[:, ei[0] != ei[1]]
 
 
-@pytest.fixture(scope="session")
-def small_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def write_small_store(out: Path) -> Path:
     """A 2,000-node random graph with 16-dim features and 4 classes, written as a store."""
     n = 2000
     rng = np.random.default_rng(0)
@@ -138,9 +137,14 @@ def small_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     data = GraphData(
         "small", n, ei, x, y, masks < 0.6, (masks >= 0.6) & (masks < 0.8), masks >= 0.8
     )
-    out = tmp_path_factory.mktemp("stores") / "small"
     write_store(data, out)
     return out
+
+
+@pytest.fixture(scope="session")
+def small_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """:func:`write_small_store` in the session's temp dir."""
+    return write_small_store(tmp_path_factory.mktemp("stores") / "small")
 
 
 def make_checkpoint(store: Path, out: Path, arch: str = "sage", seed: int = 0) -> Path:
