@@ -7,9 +7,9 @@ TORCH_PIN := torch==2.13.0
 
 .PHONY: demo test test-fast pytest pytest-warm warm-kernels lint typecheck docs install bench bench-quick bench-overload clean
 
-# uv installs into the venv: ~10 s for torch and the dev extras where pip took ~70 s (the
-# largest part of a clean `make test` after the tests). The local wheel directory (this
-# machine's /opt/wheels, or pip's PIP_FIND_LINKS) holds the CPU build of torch.
+# uv installs into the venv: 32 s for torch and the dev extras, bytecode compiled (this machine
+# sets PYTHONDONTWRITEBYTECODE), where pip took 74 s. The local wheel directory (this machine's
+# /opt/wheels, or pip's PIP_FIND_LINKS) holds the CPU build of torch.
 TORCH_WHEELS := $(firstword $(wildcard /opt/wheels) $(PIP_FIND_LINKS))
 UV_INSTALL = $(BIN)/uv pip install -q --compile-bytecode --python $(BIN)/python $(if $(TORCH_WHEELS),--find-links $(TORCH_WHEELS))
 
