@@ -46,7 +46,7 @@ def uploaded(x: np.ndarray, bits: np.ndarray, codec: str) -> tuple[int, np.ndarr
     for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
         for chunk in encode_round(1, x[lo:hi], bits[lo:hi], CHUNKS, int(lo), codec):
             sent += len(chunk)
-            start, rows = HEADER.unpack_from(chunk)[4:6]
+            start, rows = HEADER.unpack_from(chunk)[5:7]
             seen[start : start + rows] = unpack(chunk[HEADER.size :])
     return sent, seen
 

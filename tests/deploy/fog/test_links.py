@@ -25,9 +25,9 @@ from gnnserve.deploy.fog.links import (
     measure_rate,
 )
 from gnnserve.deploy.fog.planner import metis_parts
+from gnnserve.deploy.fog.receiver import Receiver
 from gnnserve.deploy.fog.slots import claim_slot
 from gnnserve.deploy.fog.testbed import probe
-from gnnserve.deploy.fog.upload import Receiver
 from gnnserve.graph import open_graph_store
 from gnnserve.models.zoo import GNN, ModelConfig
 from tests.embeddings.reference import layer_outputs
@@ -56,12 +56,13 @@ def test_uploads_over_a_link_take_its_rate() -> None:
         claim_slot() as slot,
         Link(slot.index, 0, LinkPreset("t", 20.0, 30.0), SUPPORT.netem) as link,
     ):
-        receiver = Receiver(link.host_ip, apply)
+        receiver = Receiver(link.host_ip, apply, {0: (0, 8)}, strict=True)
         group = DeviceGroup(link.host_ip, receiver.port, None, link, chunks=4)
         try:
             group.start_round(1, values[::-1][:8])  # a small first round: the process is up
             receiver.wait(1, timeout_s=60)
             group.finish_round()
+            receiver.expect({0: (0, values.shape[0])})
             start = time.perf_counter()
             group.start_round(2, values)
             receiver.wait(2, timeout_s=60)

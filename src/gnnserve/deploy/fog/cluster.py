@@ -115,12 +115,16 @@ class FogCluster:
         """The address of the machine each fog runs on (its Ray node's)."""
         return ray.get([n.address.remote() for n in self._nodes])
 
-    def listen(self, hosts: list[str], groups: int = 1) -> list[int]:
-        """Every fog receives uploads on its address ``hosts[j]`` (``groups`` device groups
-        each); returns the ports."""
+    def listen(self, hosts: list[str], strict: bool = True) -> list[int]:
+        """Every fog receives uploads on its address ``hosts[j]``; returns the ports.
+        ``strict``: a refused upload fails the round (see :class:`FogNode.listen`)."""
         return ray.get(
-            [n.listen.remote(h, groups) for n, h in zip(self._nodes, hosts, strict=True)]
+            [n.listen.remote(h, strict) for n, h in zip(self._nodes, hosts, strict=True)]
         )
+
+    def expect_uploads(self, groups: list[dict[int, tuple[int, int]]]) -> None:
+        """Fog ``j`` takes device groups ``groups[j]`` (group -> (first row, rows))."""
+        ray.get([n.expect_uploads.remote(g) for n, g in zip(self._nodes, groups, strict=True)])
 
     def time_subgraph(
         self, part: Any, features: np.ndarray, repeats: int = 1, together: bool = False

@@ -21,7 +21,8 @@ class DeviceGroup:
     ``bits``: per-row widths for ``codec`` (daq | column; None: raw float32 uploads, no
     compression); ``link``: the
     testbed link it sends over (None: loopback, no shaping); ``port``/``host``: the fog's
-    receiver. Rows are the fog's owned vertices in ascending id order from row ``offset``.
+    receiver. Rows are the fog's owned vertices in ascending id order from row ``offset``;
+    ``group``: its number on the wire (the receiver checks it takes this group's rows).
     """
 
     def __init__(
@@ -33,10 +34,11 @@ class DeviceGroup:
         chunks: int = 4,
         offset: int = 0,
         codec: str = "daq",
+        group: int = 0,
     ) -> None:
         self._dir = tempfile.TemporaryDirectory(prefix="gnnserve-fog-dev-")
         cmd = [sys.executable, "-m", "gnnserve.deploy.fog.upload", "--connect", f"{host}:{port}"]
-        cmd += ["--chunks", str(chunks), "--offset", str(offset)]
+        cmd += ["--chunks", str(chunks), "--offset", str(offset), "--group", str(group)]
         if bits is not None:
             np.save(Path(self._dir.name) / "bits.npy", np.asarray(bits, np.uint8))
             cmd += ["--bits", str(Path(self._dir.name) / "bits.npy"), "--codec", codec]
@@ -71,7 +73,10 @@ class DeviceGroup:
         line = self.proc.stdout.readline()
         if not line:
             raise GnnServeError(f"device group exited with code {self.proc.poll()}")
-        return json.loads(line)  # type: ignore[no-any-return]
+        reply: dict[str, float] = json.loads(line)
+        if "error" in reply:
+            raise GnnServeError(f"device group upload failed: {reply['error']}")
+        return reply
 
     def close(self) -> None:
         """End the process (stdin closed: it finishes its last upload first)."""
@@ -114,10 +119,12 @@ class DeviceFleet:
         self.regions, self.bits = regions, bits
         self.groups: list[DeviceGroup] = []
         try:
-            for (fog, vertices, offset), host, link in zip(regions, hosts, links, strict=True):
+            for group, ((fog, vertices, offset), host, link) in enumerate(
+                zip(regions, hosts, links, strict=True)
+            ):
                 widths = None if bits is None else bits[vertices]
                 self.groups.append(
-                    DeviceGroup(host, ports[fog], widths, link, chunks, offset, codec)
+                    DeviceGroup(host, ports[fog], widths, link, chunks, offset, codec, group)
                 )
         except BaseException:
             self.close()

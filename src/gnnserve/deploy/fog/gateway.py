@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from gnnserve.deploy.fog.upload import encode_round
-from gnnserve.errors import InvalidInputError, UnavailableError
+from gnnserve.deploy.fog.upload import MAX_ROUND, encode_round, read_ack
+from gnnserve.errors import GnnServeError, InvalidInputError, UnavailableError
 
 if TYPE_CHECKING:
     from gnnserve.deploy.fog.service import FogService, RoundReport
@@ -50,6 +50,8 @@ def write_plan(plan: list[dict[str, Any]], directory: str | Path) -> Path:
             group["to"],
             "--offset",
             str(group["offset"]),
+            "--group",
+            str(group["group"]),
         ]
         bits = None
         if group["bits"] is not None:
@@ -59,14 +61,18 @@ def write_plan(plan: list[dict[str, Any]], directory: str | Path) -> Path:
         command += ["--readings", "{readings}", "--round", "{round}"]
         groups.append(
             {
-                "fog": group["fog"], "to": group["to"], "offset": group["offset"],
+                "group": group["group"], "fog": group["fog"], "to": group["to"],
+                "offset": group["offset"],
                 "codec": group["codec"] if bits else "raw", "rows": int(len(group["vertices"])),
                 "vertices": str(vertices), "bits": str(bits) if bits else None,
                 "command": command,
             }
         )  # fmt: skip
     path = out / "plan.json"
-    about = "rounds are numbered 1, 2, ... in order; each group sends its rows of every round"
+    about = (
+        "rounds are numbered 1, 2, ... in order; each group sends its rows of every round, "
+        "once; a fog refuses a round it has already run and another group's rows"
+    )
     path.write_text(json.dumps({"rounds": about, "groups": groups}, indent=2))
     return path
 
@@ -79,6 +85,26 @@ def parse_address(text: str) -> tuple[str, int]:
     return host, int(port)
 
 
+def _check_upload(
+    values: np.ndarray, bits: np.ndarray | None, round_id: int, chunks: int, offset: int, group: int
+) -> None:
+    """InvalidInputError naming the first argument of an upload that is wrong."""
+    if values.ndim != 2 or values.shape[0] < 1 or not np.isfinite(values).all():
+        raise InvalidInputError("readings must be a finite float32 [rows, F] array", "readings")
+    if bits is not None and bits.shape != (values.shape[0],):
+        raise InvalidInputError(
+            f"bits must hold one width per row ({values.shape[0]}), got {bits.shape}", "bits"
+        )
+    if not 1 <= round_id <= MAX_ROUND:
+        raise InvalidInputError(f"--round must be in [1, 2^63), got {round_id}", "round")
+    if not 1 <= chunks <= values.shape[0]:
+        raise InvalidInputError(
+            f"--chunks must be in [1, rows = {values.shape[0]}], got {chunks}", "chunks"
+        )
+    if not 0 <= offset <= MAX_ROUND or not 0 <= group < 1 << 32:
+        raise InvalidInputError("--offset and --group must be >= 0", "offset")
+
+
 def send_round(
     address: tuple[str, int],
     round_id: int,
@@ -88,23 +114,25 @@ def send_round(
     offset: int = 0,
     timeout_s: float = 60.0,
     codec: str = "daq",
+    group: int = 0,
 ) -> int:
-    """Upload ``readings`` (float32 [rows, F]) as round ``round_id`` to the receiver at
-    ``address``, packed by ``codec`` at the per-row widths ``bits`` (None: raw float32);
-    returns the bytes sent."""
+    """Upload ``readings`` (float32 [rows, F]) as device group ``group``'s round ``round_id``
+    to the receiver at ``address``, packed by ``codec`` at the per-row widths ``bits`` (None:
+    raw float32); returns the bytes sent once the fog has acknowledged them.
+    UploadRefusedError (an InvalidInputError) with the fog's reason when it refused them;
+    GnnServeError when the peer is not a fog receiver."""
     values = np.ascontiguousarray(readings, np.float32)
-    if values.ndim != 2 or not np.isfinite(values).all():
-        raise InvalidInputError("readings must be a finite float32 [rows, F] array", "readings")
-    if bits is not None and bits.shape != (values.shape[0],):
-        raise InvalidInputError(
-            f"bits must hold one width per row ({values.shape[0]}), got {bits.shape}", "bits"
-        )
-    if round_id < 1 or chunks < 1 or offset < 0:
-        raise InvalidInputError("round and chunks must be >= 1, offset >= 0", "round")
-    payload = encode_round(round_id, values, bits, chunks, offset, codec)
+    _check_upload(values, bits, round_id, chunks, offset, group)
+    payload = encode_round(round_id, values, bits, chunks, offset, codec, group)
+    peer = f"{address[0]}:{address[1]}"
     with socket.create_connection(address, timeout=timeout_s) as conn:
-        for chunk in payload:
-            conn.sendall(chunk)
+        try:
+            for chunk in payload:
+                conn.sendall(chunk)
+            conn.shutdown(socket.SHUT_WR)  # the whole upload: a peer that only reads sees its end
+        except OSError:
+            pass  # a receiver that refuses closes early: its answer says why
+        read_ack(conn, peer)
     return sum(len(c) for c in payload)
 
 
@@ -117,6 +145,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--codec", default="daq", help="daq | column: the codec of --bits")
     p.add_argument("--chunks", type=int, default=4, help="chunks per round (default 4)")
     p.add_argument("--offset", type=int, default=0, help="fog row of the first reading")
+    p.add_argument("--group", type=int, default=0, help="device group number (plan.json)")
     p.set_defaults(func=run)
 
 
@@ -124,23 +153,31 @@ def run(args: argparse.Namespace) -> int:
     """Send one round; print the bytes sent. Exit 2 on bad input, 1 when the fog is
     unreachable."""
     try:
-        readings = np.load(Path(args.readings))
-        bits = None if args.bits is None else np.load(Path(args.bits)).astype(np.uint8)
+        address = parse_address(args.to)
+        readings = _load_array(args.readings, "--readings")
+        bits = None if args.bits is None else _load_array(args.bits, "--bits").astype(np.uint8)
         sent = send_round(
-            parse_address(args.to),
-            args.round,
-            readings,
-            bits,
-            args.chunks,
-            args.offset,
-            codec=args.codec,
-        )
-    except (InvalidInputError, ValueError, OSError) as exc:
-        unreachable = isinstance(exc, OSError) and not isinstance(exc, FileNotFoundError)
-        print(f"gnnserve fog upload: {exc}", file=sys.stderr)
-        return 1 if unreachable else 2
-    print(f"round {args.round}: {sent} bytes to {args.to}")
+            address, args.round, readings, bits, args.chunks, args.offset,
+            codec=args.codec, group=args.group,
+        )  # fmt: skip
+    except InvalidInputError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except (GnnServeError, OSError) as exc:
+        print(f"error: {args.to}: {exc}", file=sys.stderr)
+        return 1
+    print(f"round {args.round}: {sent} bytes to {args.to}, acknowledged")
     return 0
+
+
+def _load_array(path: str, flag: str) -> np.ndarray:
+    """The ``.npy`` at ``path``, read through a memory map so that a header claiming more
+    than the file holds is refused before anything is allocated (InvalidInputError)."""
+    try:
+        array = np.load(Path(path), mmap_mode="r", allow_pickle=False)
+        return np.array(array)
+    except (OSError, ValueError, EOFError) as exc:
+        raise InvalidInputError(f"{flag} {path}: not a readable .npy array ({exc})", flag) from exc
 
 
 class GatewayRounds:

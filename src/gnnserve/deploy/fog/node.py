@@ -19,7 +19,7 @@ import torch.distributed as dist
 from gnnserve.deploy.cgp.exchange import Exchange
 from gnnserve.deploy.fog.links import entered
 from gnnserve.deploy.fog.partition import FogPartition
-from gnnserve.deploy.fog.upload import Receiver
+from gnnserve.deploy.fog.receiver import Receiver
 from gnnserve.deploy.rendezvous import GroupRendezvous, node_address
 from gnnserve.errors import InvalidInputError
 from gnnserve.models.zoo import GNN
@@ -80,11 +80,26 @@ class FogNode:
         self.features = torch.from_numpy(np.array(features, np.float32))
         return int(part.owned.size)
 
-    def listen(self, host: str, groups: int = 1) -> int:
-        """Receive device uploads on ``host`` (any free port, returned); ``groups`` device
-        groups upload each round. The receiver's threads write the rows as chunks arrive."""
-        self.receiver = Receiver(host, self._apply, groups)
+    def listen(self, host: str, strict: bool = True) -> int:
+        """Receive device uploads on ``host`` (any free port, returned); which groups upload
+        what comes with :meth:`expect_uploads`. ``strict``: a refused upload fails the round
+        (the server's own device groups; gateways are only told)."""
+        width = int(self.features.shape[1])
+        self.receiver = Receiver(host, self._apply, width=width, strict=strict)
         return self.receiver.port
+
+    def expect_uploads(self, groups: dict[int, tuple[int, int]]) -> None:
+        """The device groups that upload to this fog: group -> (first row, rows), ranges within
+        its owned vertices (a new placement: new ranges)."""
+        owned = int(self.part.owned.size)
+        for group, (first, rows) in groups.items():
+            if first < 0 or rows < 0 or first + rows > owned:
+                raise InvalidInputError(
+                    f"fog {self.part.rank}: group {group}'s rows [{first}, {first + rows}) "
+                    f"exceed its {owned} vertices",
+                    "groups",
+                )
+        self.receiver.expect(groups)
 
     def _apply(self, start: int, values: np.ndarray) -> None:
         self.features[start : start + values.shape[0]] = torch.from_numpy(values.copy())

@@ -202,7 +202,7 @@ class FogService:
             self.membership = self._initial_plan(blocks)
             with self.startup("device groups"):
                 hosts = [self._host(j) for j in range(self.world)]
-                self.ports = self.cluster.listen(hosts, groups=self._groups_per_fog())
+                self.ports = self.cluster.listen(hosts, strict=not gateways)
                 self._start_groups()
             self.adjacency = symmetric_adjacency(self.indptr, self.indices)
             self.work = np.diff(self.indptr).astype(float) + 1.0  # aggregation: an edge each
@@ -313,16 +313,19 @@ class FogService:
         link = self.links[fog]  # the cloud (one fog) has one link, shared by every group
         return link.host_ip if link is not None else "127.0.0.1"
 
-    def _groups_per_fog(self) -> int:
-        return len(self.nodes) if self.mode == "cloud" else 1
-
     def _regions(self) -> list[tuple[int, np.ndarray, int]]:
         groups = len(self.nodes) if self.mode == "cloud" else None
         return regions(self.membership, self.world, groups)
 
     def _start_groups(self) -> None:
+        """Tell every fog which groups upload which rows, then start (or re-aim) the device
+        groups (none with gateways: :meth:`gateway_plan` says what they upload, where)."""
+        expected: list[dict[int, tuple[int, int]]] = [{} for _ in range(self.world)]
+        for group, (fog, vertices, offset) in enumerate(self._regions()):
+            expected[fog][group] = (offset, int(vertices.size))
+        self.cluster.expect_uploads(expected)
         if self.gateways:
-            return  # the gateways upload (gateway_plan says what, where)
+            return
         if self.fleet is not None:  # a re-placement
             self.fleet.replace(self._regions())
             return
@@ -336,12 +339,13 @@ class FogService:
     # ------------------------------------------------------------------ serving
 
     def gateway_plan(self) -> list[dict[str, Any]]:
-        """Per device group, what a gateway uploads: ``fog``, ``to`` (HOST:PORT of its
-        receiver), ``vertices`` (int64, ascending: the rows of its readings), ``offset`` (fog
-        row of the first), ``bits`` (per-row widths, or None: raw) and ``codec`` (what the
-        widths are for: ``gnnserve fog upload --codec``)."""
+        """Per device group, what a gateway uploads: ``group`` (its number on the wire),
+        ``fog``, ``to`` (HOST:PORT of its receiver), ``vertices`` (int64, ascending: the rows
+        of its readings), ``offset`` (fog row of the first), ``bits`` (per-row widths, or
+        None: raw) and ``codec`` (what the widths are for: ``gnnserve fog upload --codec``)."""
         return [
             {
+                "group": group,
                 "fog": fog,
                 "to": f"{self._host(fog)}:{self.ports[fog]}",
                 "vertices": vertices,
@@ -349,7 +353,7 @@ class FogService:
                 "bits": None if self.bits is None else self.bits[vertices],
                 "codec": self.wire_codec,
             }
-            for fog, vertices, offset in self._regions()
+            for group, (fog, vertices, offset) in enumerate(self._regions())
         ]
 
     def round(self, readings: np.ndarray | None = None) -> RoundReport:

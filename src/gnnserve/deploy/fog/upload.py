@@ -11,9 +11,11 @@ column codec for continuous ones; or raw float32), waits the
 link's sender delay once, sends them, and answers one JSON line on stdout (bytes sent, pack and
 send ms).
 
-Wire format per chunk: header ``<4sQIIQIIBQ>`` (magic ``GFU1``, round, chunk index, chunk count,
-first row, rows, feature width, codec 0 raw / 1 DAQ / 2 column, payload bytes), then the
-payload.
+Wire format per chunk: header ``<4sQIIIQIIBQ>`` (magic ``GFU2``, round, device group, chunk
+index, chunk count, first row, rows, feature width, codec 0 raw / 1 DAQ / 2 column, payload
+bytes), then the payload. Once a round's chunks from one group have all arrived, the receiver
+(:mod:`.receiver`) answers one JSON line: ``{"ok": true, ...}``, or ``{"ok": false, "error":
+...}`` for an upload it refused (another round, another group's rows) and then closes.
 """
 
 from __future__ import annotations
@@ -23,23 +25,25 @@ import json
 import socket
 import struct
 import sys
-import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
-from gnnserve.errors import InvalidInputError
+from gnnserve.errors import GnnServeError, InvalidInputError
 from gnnserve.features.codecs import pack, unpack
 from gnnserve.features.column_codec import pack_columns, unpack_columns
 
-HEADER = struct.Struct("<4sQIIQIIBQ")
-MAGIC = b"GFU1"
+HEADER = struct.Struct("<4sQIIIQIIBQ")
+MAGIC = b"GFU2"
+MAX_ROUND = (1 << 63) - 1  # rounds are unsigned 64-bit on the wire; kept to int64
 RAW, DAQ, COLUMN = 0, 1, 2
 CODEC_IDS = {"daq": DAQ, "column": COLUMN}  # the quantizing codecs, by name
 PACKERS: dict[int, Callable[[np.ndarray, np.ndarray], bytes]] = {DAQ: pack, COLUMN: pack_columns}
 UNPACKERS: dict[int, Callable[[bytes], np.ndarray]] = {DAQ: unpack, COLUMN: unpack_columns}
 MAX_PAYLOAD = 1 << 31
+ACK_LIMIT = 4096  # bytes of a receiver's answer line
 
 
 def codec_id(name: str) -> int:
@@ -57,14 +61,16 @@ def encode_chunk(
     values: np.ndarray,
     bits: np.ndarray | None,
     codec: str = "daq",
+    group: int = 0,
 ) -> bytes:
-    """One chunk on the wire: rows ``values`` (float32 [n, F]) starting at local row ``start``,
-    packed by ``codec`` at the per-row widths ``bits`` (None: raw float32)."""
+    """One chunk of device group ``group`` on the wire: rows ``values`` (float32 [n, F])
+    starting at local row ``start``, packed by ``codec`` at the per-row widths ``bits`` (None:
+    raw float32)."""
     values = np.ascontiguousarray(values, np.float32)
     codec_no = RAW if bits is None else codec_id(codec)
     payload = values.tobytes() if bits is None else PACKERS[codec_no](values, bits)
     n, dim = values.shape
-    head = HEADER.pack(MAGIC, round_id, index, count, start, n, dim, codec_no, len(payload))
+    head = HEADER.pack(MAGIC, round_id, group, index, count, start, n, dim, codec_no, len(payload))
     return head + payload
 
 
@@ -75,127 +81,50 @@ def encode_round(
     chunks: int,
     offset: int = 0,
     codec: str = "daq",
+    group: int = 0,
 ) -> list[bytes]:
-    """A round's rows (float32 [rows, F], local rows from ``offset``) as ``chunks`` chunks."""
+    """Device group ``group``'s rows of a round (float32 [rows, F], local rows from
+    ``offset``) as ``chunks`` chunks."""
     bounds = np.linspace(0, values.shape[0], max(1, chunks) + 1).astype(int)
     return [
         encode_chunk(
             round_id, i, len(bounds) - 1, offset + int(lo), values[lo:hi],
-            None if bits is None else bits[lo:hi], codec,
+            None if bits is None else bits[lo:hi], codec, group,
         )
         for i, (lo, hi) in enumerate(zip(bounds[:-1], bounds[1:], strict=True))
     ]  # fmt: skip
 
 
-def _read_exact(conn: socket.socket, size: int) -> bytes | None:
-    buf = bytearray()
-    while len(buf) < size:
-        part = conn.recv(min(size - len(buf), 1 << 20))
+class UploadRefusedError(InvalidInputError):
+    """The fog's receiver refused an upload (another round than it takes, another group's
+    rows, a malformed chunk); its reason is the message."""
+
+
+def read_ack(conn: socket.socket, peer: str) -> dict[str, Any]:
+    """The receiver's answer to the upload just sent on ``conn`` (one JSON line). Raises
+    :class:`UploadRefusedError` with its reason for a refused upload, and GnnServeError when
+    ``peer`` closes or answers something that is not a fog receiver's line."""
+    line = b""
+    while not line.endswith(b"\n") and len(line) < ACK_LIMIT:
+        try:
+            part = conn.recv(ACK_LIMIT - len(line))
+        except TimeoutError as exc:
+            raise GnnServeError(f"{peer} did not acknowledge the upload in time") from exc
         if not part:
-            return None if not buf else bytes(buf)
-        buf += part
-    return bytes(buf)
-
-
-def read_chunk(conn: socket.socket) -> tuple[int, int, int, int, np.ndarray] | None:
-    """(round, chunk, chunks, first row, float32 rows) of the next chunk; None at a clean end.
-    A torn or malformed chunk raises InvalidInputError (nothing of it is applied)."""
-    head = _read_exact(conn, HEADER.size)
-    if head is None:
-        return None
-    if len(head) < HEADER.size:
-        raise InvalidInputError("upload ended inside a chunk header", "upload")
-    magic, rnd, index, count, start, n, dim, codec, size = HEADER.unpack(head)
-    if magic != MAGIC or codec not in (RAW, *UNPACKERS) or size > MAX_PAYLOAD or index >= count:
-        raise InvalidInputError("not a fog upload chunk (bad magic, codec or sizes)", "upload")
-    payload = _read_exact(conn, size) if size else b""
-    if payload is None or len(payload) < size:
-        raise InvalidInputError(f"upload ended inside chunk {index} of round {rnd}", "upload")
-    if codec == RAW:
-        if size != n * dim * 4:
-            raise InvalidInputError("raw chunk size does not match its rows", "upload")
-        values = np.frombuffer(payload, np.float32).reshape(n, dim)
-    else:
-        values = UNPACKERS[codec](payload)
-        if values.shape != (n, dim):
-            raise InvalidInputError("packed chunk shape does not match its header", "upload")
-    return rnd, index, count, start, values
-
-
-class Receiver:
-    """Accepts device-group connections on ``host`` and applies every chunk through
-    ``apply(start_row, values)`` on its own threads; :meth:`wait` blocks until a round's chunks
-    from ``groups`` connections have all arrived."""
-
-    def __init__(
-        self,
-        host: str,
-        apply: Callable[[int, np.ndarray], None],
-        groups: int = 1,
-        port: int = 0,
-    ) -> None:
-        self.apply, self.groups = apply, groups
-        self._server = socket.create_server((host, port))
-        self.port = int(self._server.getsockname()[1])
-        self._done: dict[int, int] = {}  # round -> completed group uploads
-        self._cond = threading.Condition()
-        self.errors: list[str] = []
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                conn, _ = self._server.accept()
-            except OSError:
-                return  # closed
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
-
-    def _serve(self, conn: socket.socket) -> None:
-        seen: dict[int, int] = {}
-        with conn:
-            while True:
-                try:
-                    chunk = read_chunk(conn)
-                except (InvalidInputError, OSError) as exc:
-                    with self._cond:
-                        self.errors.append(str(exc))
-                        self._cond.notify_all()
-                    return
-                if chunk is None:
-                    return
-                rnd, _, count, start, values = chunk
-                self.apply(start, values)
-                with self._cond:
-                    seen[rnd] = seen.get(rnd, 0) + 1
-                    if seen[rnd] == count:
-                        self._done[rnd] = self._done.get(rnd, 0) + 1
-                        self._cond.notify_all()
-
-    def arrived(self, round_id: int, timeout_s: float) -> bool:
-        """Whether round ``round_id`` has arrived from every group, waiting up to ``timeout_s``
-        for it; the round stays pending for :meth:`wait` (InvalidInputError on a bad upload)."""
-        deadline = time.monotonic() + timeout_s
-        with self._cond:
-            while self._done.get(round_id, 0) < self.groups:
-                if self.errors:
-                    raise InvalidInputError(f"bad upload: {self.errors[-1]}", "upload")
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                self._cond.wait(left)
-            return True
-
-    def wait(self, round_id: int, timeout_s: float = 120.0) -> None:
-        """Block until round ``round_id`` arrived from every group, and consume it
-        (InvalidInputError on a bad upload, TimeoutError after ``timeout_s``)."""
-        if not self.arrived(round_id, timeout_s):
-            raise TimeoutError(f"round {round_id} not uploaded within {timeout_s} s")
-        with self._cond:
-            self._done.pop(round_id)
-
-    def close(self) -> None:
-        """Stop accepting."""
-        self._server.close()
+            break
+        line += part
+    try:
+        ack = json.loads(line)
+    except ValueError:
+        ack = None
+    if not isinstance(ack, dict) or not isinstance(ack.get("ok"), bool):
+        raise GnnServeError(
+            f"{peer} did not acknowledge the upload: not a gnnserve fog receiver, or it closed "
+            "the connection"
+        )
+    if not ack["ok"]:
+        raise UploadRefusedError(f"{peer} refused the upload: {ack.get('error')}", "upload")
+    return ack
 
 
 def device_main(argv: list[str] | None = None) -> int:
@@ -207,6 +136,7 @@ def device_main(argv: list[str] | None = None) -> int:
     p.add_argument("--chunks", type=int, default=4)
     p.add_argument("--delay-ms", type=float, default=0.0, help="one-way delay to add per round")
     p.add_argument("--offset", type=int, default=0, help="fog row of this group's first row")
+    p.add_argument("--group", type=int, default=0, help="this device group's number")
     args = p.parse_args(argv)
     host, port = args.connect.rsplit(":", 1)
     bits = None if args.bits is None else np.load(args.bits)
@@ -220,7 +150,9 @@ def device_main(argv: list[str] | None = None) -> int:
             continue
         values = np.load(path.strip())
         t0 = time.perf_counter()
-        chunks = encode_round(int(round_text), values, bits, args.chunks, args.offset, args.codec)
+        chunks = encode_round(
+            int(round_text), values, bits, args.chunks, args.offset, args.codec, args.group
+        )
         t1 = time.perf_counter()
         time.sleep(args.delay_ms / 1e3)
         for chunk in chunks:
@@ -228,6 +160,11 @@ def device_main(argv: list[str] | None = None) -> int:
         t2 = time.perf_counter()
         sent = sum(len(c) for c in chunks)
         reply = {"round": int(round_text), "bytes": sent, "pack_ms": (t1 - t0) * 1e3}
+        try:
+            read_ack(conn, args.connect)
+        except GnnServeError as exc:  # the receiver closed the connection: nothing more to send
+            print(json.dumps(reply | {"error": str(exc)}), flush=True)
+            return 2
         print(json.dumps(reply | {"send_ms": (t2 - t1) * 1e3}), flush=True)
     conn.close()
     return 0
