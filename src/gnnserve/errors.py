@@ -72,6 +72,14 @@ class TooManyNodesError(InvalidInputError):
     kind = "too_many_nodes"
 
 
+class PayloadTooLargeError(GnnServeError):
+    """A request body exceeds the server's limit (``server.max_body_bytes``), as sent or as
+    it expands once decoded."""
+
+    http_status = 413
+    kind = "payload_too_large"
+
+
 class UnknownModelError(GnnServeError, KeyError):
     """The request names a model the server does not serve."""
 

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pyarrow as pa
 import pytest
 
@@ -61,6 +62,26 @@ def test_refused_rows_are_listed_and_nothing_is_applied(server: str) -> None:
     r = httpx.post(f"{server}/v1/graph/updates", content=to_stream(table), headers=ARROW)
     assert r.status_code == 400
     assert [e["field"] for e in r.json()["errors"]] == ["ops[1].dst", "ops[2].op"]
+    again = httpx.post(f"{server}/v1/predict", json={"nodes": [0]}).json()["graph_version"]
+    assert again == version
+
+
+def test_a_compressed_stream_is_limited_by_what_it_expands_to(server: str) -> None:
+    """2M add_edge rows in ~2 KB of zstd (34 MB once decoded) against the default 17.3 MB
+    limit: 413 before any row is decoded or applied."""
+    rows = 2_000_000
+    ids = pa.array(np.zeros(rows, np.int64))
+    table = pa.table({"op": pa.array(np.zeros(rows, np.int8)), "src": ids, "dst": ids})
+    sink = pa.BufferOutputStream()
+    options = pa.ipc.IpcWriteOptions(compression="zstd")
+    with pa.ipc.new_stream(sink, table.schema, options=options) as writer:
+        writer.write_table(table)
+    body = bytes(sink.getvalue())
+    version = httpx.post(f"{server}/v1/predict", json={"nodes": [0]}).json()["graph_version"]
+    r = httpx.post(f"{server}/v1/graph/updates", content=body, headers=ARROW, timeout=60)
+    assert len(body) < 200_000 and r.status_code == 413, (len(body), r.text)
+    error = r.json()["error"]
+    assert error["kind"] == "payload_too_large" and "2,000,000 rows" in error["message"]
     again = httpx.post(f"{server}/v1/predict", json={"nodes": [0]}).json()["graph_version"]
     assert again == version
 

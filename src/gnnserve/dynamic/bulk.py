@@ -24,12 +24,16 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from gnnserve.dynamic.columns import ADD_NODE, MISSING, OPS, ColumnBatch
-from gnnserve.errors import InvalidInputError
+from gnnserve.dynamic.ipc_size import StreamSize, stream_size
+from gnnserve.errors import InvalidInputError, PayloadTooLargeError
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
 ARROW_STREAM = "application/vnd.apache.arrow.stream"  # the IPC stream media type
+# bytes a row takes in the columns the server decodes (int8 op; int64 src, dst, node): rows
+# are bounded so that those columns fit in the body limit, however few bytes the stream used
+DECODED_ROW_BYTES = 25
 
 
 def _pyarrow() -> Any:
@@ -42,9 +46,14 @@ def _pyarrow() -> Any:
     return pa
 
 
-def read_stream(data: bytes) -> ColumnBatch:
-    """The one update batch an Arrow IPC stream holds (its record batches, concatenated)."""
+def read_stream(data: bytes, max_bytes: int | None = None) -> ColumnBatch:
+    """The one update batch an Arrow IPC stream holds (its record batches, concatenated).
+    With ``max_bytes``, a stream that decodes to more bytes than that, or to more rows than
+    ``max_bytes // DECODED_ROW_BYTES``, is refused (PayloadTooLargeError) before any of it is
+    decoded: compression does not stretch the body limit."""
     pa = _pyarrow()
+    if max_bytes is not None:
+        _check_expansion(stream_size(pa, data), max_bytes)
     try:
         table = pa.ipc.open_stream(data).read_all()
     except (pa.ArrowException, OSError) as exc:
@@ -53,6 +62,17 @@ def read_stream(data: bytes) -> ColumnBatch:
         return from_table(table)
     except pa.ArrowException as exc:
         raise InvalidInputError(f"unreadable update columns: {exc}", "body") from None
+
+
+def _check_expansion(size: StreamSize, max_bytes: int) -> None:
+    max_rows = max_bytes // DECODED_ROW_BYTES
+    if size.decoded_bytes > max_bytes or size.rows > max_rows:
+        raise PayloadTooLargeError(
+            f"the Arrow stream expands to {size.rows:,} rows and {size.decoded_bytes:,} bytes "
+            f"once decoded; the limit is {max_rows:,} rows and {max_bytes:,} bytes "
+            "(server.max_body_bytes): send smaller batches",
+            "body",
+        )
 
 
 def from_table(table: pa.Table) -> ColumnBatch:

@@ -362,10 +362,11 @@ class Engine:
         """Apply a batch of graph updates (durable before it returns); see dynamic.updates."""
         return self._store().apply(ops)
 
-    def apply_bulk_updates(self, stream: bytes) -> UpdateResult:
-        """Apply one batch sent as an Arrow IPC stream (``dynamic.bulk``), durably."""
+    def apply_bulk_updates(self, stream: bytes, max_bytes: int | None = None) -> UpdateResult:
+        """Apply one batch sent as an Arrow IPC stream (``dynamic.bulk``), durably. With
+        ``max_bytes`` a stream that expands beyond it once decoded is refused first (413)."""
         store = self._store()
-        return store.apply_columns(bulk.read_stream(stream))
+        return store.apply_columns(bulk.read_stream(stream, max_bytes))
 
     def _store(self) -> DynamicStore:
         if self.updates is None:

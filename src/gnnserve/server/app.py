@@ -271,7 +271,8 @@ def create_app(
 
     async def bulk_updates(raw: bytes) -> JSONResponse:
         """The same, sent as an Arrow IPC stream (``dynamic.bulk``): one all-or-nothing batch."""
-        result = await asyncio.to_thread(engine.apply_bulk_updates, raw)
+        limit = app.state.max_body_bytes  # what the body may expand to, too
+        result = await asyncio.to_thread(engine.apply_bulk_updates, raw, limit)
         metrics.requests.labels("updates").inc()
         return JSONResponse(dataclasses.asdict(result))
 

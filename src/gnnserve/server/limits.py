@@ -33,7 +33,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gnnserve.errors import ECHO_CHARS, MAX_MESSAGE_CHARS, GnnServeError, cut
+from gnnserve.errors import ECHO_CHARS, MAX_MESSAGE_CHARS, GnnServeError, PayloadTooLargeError, cut
 
 MIB = 1 << 20
 # The default limit admits the largest new-node request (EmbeddingsConfig.max_new_nodes rows of
@@ -47,13 +47,6 @@ ARRAY_MIN_ITEMS = 256  # lists this long come back from the parser process as nu
 
 
 _CLOSE = (b"connection", b"close")
-
-
-class PayloadTooLargeError(GnnServeError):
-    """A request body exceeds the server's limit (``server.max_body_bytes``)."""
-
-    http_status = 413
-    kind = "payload_too_large"
 
 
 def default_body_limit(max_new_nodes: int, feature_dim: int) -> int:
