@@ -18,6 +18,7 @@ def test_with_rows_copies_only_the_chunks_it_writes_and_grows_the_last() -> None
     assert [c.shape[0] for c in old.chunks[0]] == [CHUNK_ROWS, CHUNK_ROWS, 100]
     ids = rng.permutation(n)[:500]
     np.testing.assert_array_equal(old.get(2, ids).numpy(), layers[1][ids])
+    assert old.get(1, np.zeros(0, np.int64)).shape == (0, 3)  # no ids: no rows, no error
     np.testing.assert_array_equal(old.layer(1), layers[0])
 
     rows = np.array([5, CHUNK_ROWS - 1], np.int64)  # both in chunk 0

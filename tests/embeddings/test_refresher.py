@@ -137,3 +137,51 @@ def test_batches_during_a_refresh_coalesce_and_readers_keep_their_version(
     finally:
         refresher.close()
         store.close()
+
+
+class _HoldingListener:
+    """Holds the writer inside the listener calls (after the refresher was told of the batch,
+    before the batch is published) until the refresher's thread has looked once."""
+
+    def __init__(self, looked: threading.Event) -> None:
+        self.looked = looked
+
+    def on_add_nodes(self, count: int) -> None:
+        pass
+
+    def on_edge_events(self, kinds, srcs, dsts, neighbors_of) -> None:  # type: ignore[no-untyped-def]
+        assert self.looked.wait(30)
+
+
+def test_a_refresh_woken_before_its_batch_is_published_waits_for_it(
+    base: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Listeners are told of a batch before readers can pin it (a slow listener after the
+    refresher, as the answer cache is, widens that window): the refresher's thread finds
+    nothing it can read yet, waits, and refreshes once the batch is published."""
+    model, store, refresher = _start(base, tmp_path, "sage")
+    looked, results = threading.Event(), []
+    original = refresher._refresh_once
+
+    def refresh_once() -> bool:
+        try:
+            results.append(original())
+            return results[-1]
+        finally:
+            looked.set()
+
+    refresher._refresh_once = refresh_once  # type: ignore[method-assign]
+    store.subscribe(_HoldingListener(looked))
+    try:
+        store.apply([{"op": "add_edge", "src": 1, "dst": 2}])
+        published = refresher.wait_for(store.graph.seq, timeout_s=30)
+        assert published is not None and results[0] is False and True in results
+        assert not [r for r in caplog.records if r.levelname == "ERROR"]
+        full = precompute_embeddings(
+            model, store.graph, store.features, model_version="m@0", progress=False
+        )
+        got = published.pes.get(2, np.arange(N)).numpy()
+        np.testing.assert_allclose(got, full.layer(2), rtol=0, atol=1e-5)
+    finally:
+        refresher.close()
+        store.close()

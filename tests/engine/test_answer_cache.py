@@ -110,3 +110,7 @@ def test_an_entry_serves_only_versions_it_is_valid_for(small_store: Path) -> Non
     untouched = next(v for v in range(3, 2000) if 1 not in indices[indptr[v] : indptr[v + 1]])
     cache.store(np.array([untouched]), "probs", "abc.6", rows[:1])
     assert cache.lookup(np.array([untouched]), "probs", "abc.7") is not None
+    cache.on_add_nodes(1100)  # more than the spare rows the cache started with
+    last = np.array([2000 + 1099])
+    cache.store(last, "probs", "abc.7", rows[:1])
+    np.testing.assert_array_equal(cache.lookup(last, "probs", "abc.7"), rows[:1])

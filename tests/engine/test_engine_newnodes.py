@@ -272,7 +272,14 @@ UPDATES = [
 ]
 
 
-def _reference_after(engine: Engine, ckpt: Path, mode: str) -> NewNodeResult:
+def _reference_after(
+    engine: Engine,
+    ckpt: Path,
+    mode: str,
+    features: object = FEATURES,
+    edges: object = EDGES,
+    new_edges: object = NEW_EDGES,
+) -> NewNodeResult:
     """The request answered from scratch on the engine's graph as it is now: a full
     precompute of the PEs and a fresh inference over them."""
     from gnnserve.embeddings.precompute import precompute_embeddings
@@ -284,7 +291,7 @@ def _reference_after(engine: Engine, ckpt: Path, mode: str) -> NewNodeResult:
         model, store.graph, store.features, model_version="x", progress=False
     )
     new = parse_new_nodes(
-        FEATURES, EDGES, NEW_EDGES, num_nodes=store.graph.num_nodes, feature_dim=16
+        features, edges, new_edges, num_nodes=store.graph.num_nodes, feature_dim=16
     )
     return NewNodeInference(model, store.graph, store.features, pes).run(new, mode)
 
@@ -301,6 +308,11 @@ def test_refreshed_embeddings_answer_as_a_full_precompute_after_updates(
             assert info is not None and got.graph_version.endswith(f".{step + 1}")
             assert info.pe_version == got.graph_version and info.pe_lag == 0
             want = _reference_after(engine, small_ckpt, mode)
+            torch.testing.assert_close(got.values, torch.softmax(want.logits, 1), atol=1e-5, rtol=0)
+            # one new node with one edge: a single candidate, nothing else to read PEs for
+            one, edge = FEATURES[:1], [[0, 17]]
+            got = engine.predict_new_nodes(one, edge, None, "probs", mode=mode)
+            want = _reference_after(engine, small_ckpt, mode, one, edge, None)
             torch.testing.assert_close(got.values, torch.softmax(want.logits, 1), atol=1e-5, rtol=0)
         assert engine.new_nodes.fresh is not None
         assert engine.new_nodes.fresh.refresher.stats.batches == 2

@@ -43,6 +43,8 @@ class ChunkedEmbeddings(EmbeddingStore):
         self.check_layer(layer)
         ids = check_node_ids(ids, self.meta.num_nodes, "ids")
         out = np.empty((ids.size, self.meta.dims[layer - 1]), np.float32)
+        if ids.size == 0:
+            return torch.from_numpy(out)
         which, offset = np.divmod(ids, CHUNK_ROWS)
         parts = self.chunks[layer - 1]
         small = which.astype(np.int32 if len(parts) > 32_000 else np.int16)

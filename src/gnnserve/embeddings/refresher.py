@@ -36,6 +36,7 @@ from gnnserve.graph.events import INSERT, NeighborsOf
 from gnnserve.models.zoo import GNN
 
 log = logging.getLogger(__name__)
+PUBLISH_POLL_S = 0.002  # how often to look again for a batch reported but not yet published
 
 
 @dataclass(frozen=True)
@@ -147,13 +148,18 @@ class PeRefresher:
                 if self._stop:
                     return
             try:
-                self._refresh_once()
+                if not self._refresh_once():
+                    with self._lock:  # told of a batch its readers cannot pin yet: wait for it
+                        self._lock.wait(PUBLISH_POLL_S)
             except Exception:  # noqa: BLE001 - keep serving the last good version
                 log.exception("PE refresh failed; new-node requests keep the previous PEs")
                 with self._lock:
                     self._lock.wait(1.0)
 
-    def _refresh_once(self) -> None:
+    def _refresh_once(self) -> bool:
+        """Refresh the PEs for every recorded batch up to the newest version readers can pin;
+        False (nothing done) when none is there yet: listeners are told of a batch before it
+        is published, so this thread can wake before it can read the batch's version."""
         view = self.store.view
         version = view.acquire_read()  # every batch up to it has been recorded
         try:  # under the pin: only what the refresh reads of the graph (writers wait for it)
@@ -162,6 +168,8 @@ class PeRefresher:
             graph, seq = view, version_seq(version)
             with self._lock:
                 taken = [c for s, c in self._pending if s <= seq]
+                if not taken:
+                    return False
                 batches = len({s for s, _ in self._pending if s <= seq})
                 self._pending = [(s, c) for s, c in self._pending if s > seq]
                 sets = self._sets(taken, graph.num_nodes)
@@ -180,6 +188,7 @@ class PeRefresher:
             self._published = Published(pes, version, seq)
             self._lock.notify_all()
         self._count(batches, sum(s.size for s in sets), start)
+        return True
 
     def _sets(self, taken: list[BatchChanges], num_nodes: int) -> list[np.ndarray]:
         merged = BatchChanges(

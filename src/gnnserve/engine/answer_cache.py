@@ -152,17 +152,22 @@ class AnswerCache:
         with self._lock:
             n = self._out.num_nodes
             affected = self._out.sets(changes, n)[-1]
-            if self._invalid_at.size < n:
-                grown = np.zeros(n + n // 4 + 1024, np.int64)
-                grown[: self._invalid_at.size] = self._invalid_at
-                self._invalid_at = grown
+            self._grow(n)
             self._invalid_at[affected] = seq
             self.stats.invalidated_nodes += int(affected.size)
+
+    def _grow(self, num_nodes: int) -> None:
+        """Room in ``_invalid_at`` for ``num_nodes`` nodes (under the lock)."""
+        if self._invalid_at.size < num_nodes:
+            grown = np.zeros(num_nodes + num_nodes // 4 + 1024, np.int64)
+            grown[: self._invalid_at.size] = self._invalid_at
+            self._invalid_at = grown
 
     def on_add_nodes(self, count: int) -> None:
         """Added nodes: their own answers are new (nobody cached them); their edges follow."""
         with self._lock:
             self._out.add_nodes(count)
+            self._grow(self._out.num_nodes)
 
     def on_edge_events(
         self, kinds: np.ndarray, srcs: np.ndarray, dsts: np.ndarray, neighbors_of: NeighborsOf
