@@ -247,9 +247,10 @@ def test_graph_update_makes_fixed_embeddings_stale(pe_store, small_ckpt, tmp_pat
         with pytest.raises(StaleEmbeddingsError, match="gnnserve precompute"):
             submit_new(engine)
         assert engine.predict([2]).graph_version.endswith(".1")
-    # the log now holds a batch: at start-up the explicit PEs are stale, the server refuses
+    # the log now holds a batch: at start-up without a refresher the explicit PEs are stale,
+    # the server refuses (with one, they are brought up to date: the restart test below)
     with pytest.raises(StaleEmbeddingsError):
-        _updatable(pe_store, small_ckpt, tmp_path / "log")
+        _updatable(pe_store, small_ckpt, tmp_path / "log", **fixed)
 
 
 def test_update_while_queued_is_caught_when_run(pe_store, small_ckpt, tmp_path) -> None:
@@ -316,6 +317,45 @@ def test_refreshed_embeddings_answer_as_a_full_precompute_after_updates(
             torch.testing.assert_close(got.values, torch.softmax(want.logits, 1), atol=1e-5, rtol=0)
         assert engine.new_nodes.fresh is not None
         assert engine.new_nodes.fresh.refresher.stats.batches == 2
+
+
+def test_a_restart_over_the_log_answers_new_nodes_as_before_it(
+    pe_store, small_ckpt, tmp_path
+) -> None:
+    """PEs precomputed on the base store, a log of batches (one adds a node) and a restart:
+    the PEs are brought up to the replayed version at start-up, and the answer equals the one
+    before the restart and a full precompute at that version."""
+    log = tmp_path / "log"
+    with _updatable(pe_store, small_ckpt, log) as engine:
+        engine.apply_updates(UPDATES)
+        engine.apply_updates(UPDATES[:3])
+        before = engine.predict_new_nodes(FEATURES, EDGES, NEW_EDGES, "probs", mode="srpe")
+    with _updatable(pe_store, small_ckpt, log) as engine:
+        after = engine.predict_new_nodes(FEATURES, EDGES, NEW_EDGES, "probs", mode="srpe")
+        want = _reference_after(engine, small_ckpt, "srpe")
+        _assert_pes_equal_a_full_precompute(engine, small_ckpt)
+    assert after.graph_version == before.graph_version and after.graph_version.endswith(".2")
+    assert after.new_nodes is not None and after.new_nodes.pe_lag == 0
+    torch.testing.assert_close(after.values, before.values, atol=1e-5, rtol=0)
+    torch.testing.assert_close(after.values, torch.softmax(want.logits, 1), atol=1e-5, rtol=0)
+
+
+def _assert_pes_equal_a_full_precompute(engine: Engine, ckpt: Path) -> None:
+    """Every row of every layer of the refresher's PEs equals a full precompute now."""
+    from gnnserve.embeddings.precompute import precompute_embeddings
+
+    store, fresh = engine.updates, engine.new_nodes.fresh
+    assert store is not None and fresh is not None
+    published = fresh.refresher.current()
+    assert published.graph_version == store.graph.version
+    model = load_checkpoint(ckpt).model.eval()
+    full = precompute_embeddings(
+        model, store.graph, store.features, model_version="x", progress=False
+    )
+    every = np.arange(store.graph.num_nodes)
+    for layer in range(1, full.num_layers + 1):
+        got = published.pes.get(layer, every).numpy()
+        np.testing.assert_allclose(got, full.layer(layer), rtol=0, atol=1e-5)
 
 
 def test_pe_staleness_answers_with_the_lag_or_503_at_the_deadline(

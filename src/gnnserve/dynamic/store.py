@@ -32,6 +32,7 @@ from gnnserve.dynamic.features import DynamicFeatures
 from gnnserve.dynamic.graph import DynamicGraph, MissingEdgeError
 from gnnserve.dynamic.leftright import LeftRight
 from gnnserve.dynamic.records import Ops
+from gnnserve.dynamic.replayed import ReplayedChanges
 from gnnserve.dynamic.updates import UpdateRejectedError, parse_batch
 from gnnserve.dynamic.view import GraphReplica, VersionedFeatures, VersionedGraph
 from gnnserve.dynamic.wal import FsyncPolicy, UpdateLog, replay
@@ -175,11 +176,13 @@ class DynamicStore:
             listener.follow(lambda: self._replicas.reading().listeners[k])
 
     def _replay(self, path: str | Path, base_version: str, truncate: bool) -> int:
-        """Apply every logged batch after checking the log belongs to this base store.
+        """Apply every logged batch after checking the log belongs to this base store;
+        ``replay_changes`` sums up what they changed.
 
         A corrupt log raises StoreFormatError (see dynamic.wal) once the good records before the
         damage are applied: the half-built store is then discarded with the exception."""
         applied = 0
+        self.replay_changes = ReplayedChanges(self.graph.num_nodes)
         for seq, ops in replay(path, truncate):
             if seq == 0:
                 header = ops[0] if ops and isinstance(ops[0], dict) else {}
@@ -191,7 +194,9 @@ class DynamicStore:
                     )
                 continue
             batch = self._replayed_batch(path, seq, ops)
-            self._change(self._latest, batch, seq, batch.edge_events())  # one copy yet
+            edges = batch.edge_events()
+            self._change(self._latest, batch, seq, edges)  # one copy yet
+            self.replay_changes.add(None if edges is None else edges[2], _upserted(batch))
             applied += 1
         if applied:
             log.info(

@@ -73,18 +73,29 @@ class PeRefresher:
         *,
         chunk_edges: int = 2_000_000,
         rebuild_ratio: float = 0.2,
+        replayed: BatchChanges | None = None,
     ) -> None:
+        """``replayed``: ``pes`` hold an earlier version of the store (its base, before the
+        update log was replayed) and this is what the replayed batches changed: the PEs are
+        brought up to the store's version here, before serving (a restart comes back to the
+        state it left)."""
         graph = store.graph
-        if pes.meta.num_nodes != graph.num_nodes:
+        if replayed is None and pes.meta.num_nodes != graph.num_nodes:
             raise ValueError(f"PEs hold {pes.meta.num_nodes} rows, the graph {graph.num_nodes}")
         self.model, self.store, self.chunk_edges = model.eval(), store, chunk_edges
         self.rebuild_ratio = rebuild_ratio
         self.stats = RefreshStats()
-        self._published = Published(pes, graph.version, graph.seq)
-        self._pending: list[tuple[int, BatchChanges]] = []
+        if replayed is None:
+            self._published = Published(pes, graph.version, graph.seq)
+            self._pending: list[tuple[int, BatchChanges]] = []
+        else:
+            self._published = Published(pes, pes.meta.graph_version, 0)
+            self._pending = [(graph.seq, replayed)]
         self._lock = threading.Condition()  # pending, out-edges, published
         self._out = OutEdges(graph, len(pes.meta.dims), model.needs_degree)
         self._stop = False
+        if replayed is not None:
+            self._refresh_once()  # no writer yet: the store is not serving
         self._thread = threading.Thread(target=self._loop, name="pe-refresher", daemon=True)
         self._thread.start()
         store.subscribe(self)

@@ -12,10 +12,13 @@ import logging
 import math
 import time
 
+import numpy as np
+
 from gnnserve.config import ServeConfig
 from gnnserve.data.blobs import open_blobs
 from gnnserve.data.layout import verify_checksum
 from gnnserve.dynamic.store import DynamicStore
+from gnnserve.embeddings.affected import BatchChanges
 from gnnserve.embeddings.base import EmbeddingStore
 from gnnserve.embeddings.chunked import ChunkedEmbeddings
 from gnnserve.embeddings.refresher import PeRefresher
@@ -116,13 +119,31 @@ def _refresher(
     config: ServeConfig, model: GNN, store: DynamicStore, pes: EmbeddingStore | None
 ) -> PeRefresher | None:
     """The background PE refresher over ``store`` when PEs are served and it is on (the PEs
-    copied into memory chunks; they match the replayed store: load_embeddings checked)."""
+    copied into memory chunks). PEs of an earlier version (load_embeddings checked they are of
+    this base store and model) are first brought up to the replayed log's version."""
     if pes is None or not config.embeddings.refresh:
         return None
     layers = [pes.layer(layer) for layer in range(1, pes.num_layers + 1)]
     chunked = ChunkedEmbeddings.from_layers(pes.meta, layers)  # new versions get new metas
     log.info("precomputed embeddings follow the update log (refreshed in the background)")
-    return PeRefresher(model, store, chunked)
+    version = store.graph.version
+    if version in (pes.meta.graph_version, f"{pes.meta.graph_version}.0"):
+        return PeRefresher(model, store, chunked)
+    done = store.replay_changes
+    replayed = BatchChanges(
+        done.edge_dsts(),
+        done.features(),
+        np.arange(done.first_new_node, store.graph.num_nodes, dtype=np.int64),
+    )
+    start = time.perf_counter()
+    refresher = PeRefresher(model, store, chunked, replayed=replayed)
+    log.info(
+        "precomputed embeddings (version %s) brought up to the replayed log's %s in %.1f s",
+        pes.meta.graph_version,
+        version,
+        time.perf_counter() - start,
+    )
+    return refresher
 
 
 def _tiered(
@@ -243,7 +264,7 @@ def load_embeddings(
     cfg = config.embeddings
     if cfg.path:
         pes = open_embeddings(cfg.path, cfg.backend)
-        check_embeddings(pes, model_version, graph)
+        check_embeddings(pes, model_version, graph, config.embeddings.refresh)
         return pes, None
     # the errors below are answered to HTTP clients: the paths go to the log, not to them
     default = default_embeddings_dir(config.store.path, config.model_path)
@@ -264,7 +285,7 @@ def load_embeddings(
         )
     try:
         pes = open_embeddings(default, cfg.backend)
-        check_embeddings(pes, model_version, graph)
+        check_embeddings(pes, model_version, graph, config.embeddings.refresh)
     except StaleEmbeddingsError as exc:
         log.warning("new-node requests will be refused: %s (%s)", exc.message, default)
         return None, exc

@@ -51,15 +51,38 @@ log = logging.getLogger(__name__)
 _STOP = object()  # closes the worker's queue
 
 
-def check_embeddings(pes: EmbeddingStore, model_version: str, graph: GraphStore) -> None:
+def earlier_version(pe_version: str, version: str) -> bool:
+    """Whether ``pe_version`` (``<checksum>`` or ``<checksum>.<k>``) is a version of the same
+    base store as ``version`` (``<checksum>.<n>``) no later than it."""
+    base, _, seq = version.rpartition(".")
+    pe_base, _, pe_seq = pe_version.rpartition(".")
+    if pe_version == base:
+        return True
+    return pe_base == base and pe_seq.isdigit() and seq.isdigit() and int(pe_seq) <= int(seq)
+
+
+def check_embeddings(
+    pes: EmbeddingStore, model_version: str, graph: GraphStore, catch_up: bool = False
+) -> None:
     """Raise StaleEmbeddingsError unless ``pes`` hold this model on the graph's current content.
 
     A store served with an update log and no batch applied yet (version ``<checksum>.0``) has
     the content of its base store, so PEs computed on the base store (``<checksum>``) match it.
+    ``catch_up`` (a PE refresher will bring them up to date): PEs of the same base store at an
+    earlier version of its log are accepted too.
     """
     version = graph.version
     if graph.mutable and version == f"{pes.meta.graph_version}.0":
         version = pes.meta.graph_version
+    elif catch_up and graph.mutable and earlier_version(pes.meta.graph_version, version):
+        pes.check(model_version, pes.meta.graph_version)  # the model must be this one
+        if pes.meta.num_nodes > graph.num_nodes:
+            raise StaleEmbeddingsError(
+                f"precomputed embeddings hold {pes.meta.num_nodes} nodes, more than the graph's "
+                f"{graph.num_nodes}; run `gnnserve precompute` again",
+                "graph_version",
+            )
+        return
     try:
         pes.check(model_version, version)
     except StaleEmbeddingsError as exc:
