@@ -78,7 +78,7 @@ def mode_flags(workdir: Path) -> dict[str, list[str]]:
         "local_updates": ["--update-log", str(log), "--presample", "--fsync", "never"],
         "dgs": ["--deploy", "dgs", "--deploy-workers", "2"],
         "cgp": ["--deploy", "cgp", "--deploy-workers", "2"],
-        "fog": ["--deploy", "fog", "--nodes", str(nodes)],
+        "fog": ["--deploy", "fog", "--nodes", str(nodes), "--fanouts=-1,-1"],
     }
 
 

@@ -34,7 +34,8 @@ def test_fog_answers_equal_full_neighbourhood_inference(
     nodes = tmp_path / "nodes.yaml"
     nodes.write_text(NODES)
     fog_flags = ["--deploy", "fog", "--nodes", str(nodes), "--fog-codec", "lossless"]
-    with served_together(small_store, small_ckpt, ("--fanouts=-1,-1",), tuple(fog_flags)) as (
+    full = "--fanouts=-1,-1"
+    with served_together(small_store, small_ckpt, (full,), (*fog_flags, full)) as (
         local,
         fog,
     ):
@@ -59,6 +60,9 @@ def test_bad_fog_set_ups_are_refused_before_loading(
     """Refused before the store is opened: the store given does not even exist."""
     absent = str(tmp_path / "no-store")
     argv = ["serve", "--store", absent, "--model", str(small_ckpt), "--deploy", "fog"]
+    assert main(argv) == 2  # the server's default fanouts (25,10): fog cannot honour them
+    assert "--fanouts=-1,-1" in capsys.readouterr().err
+    argv.append("--fanouts=-1,-1")
     assert main(argv) == 2
     assert "--nodes" in capsys.readouterr().err
     nodes = tmp_path / "nodes.yaml"

@@ -100,6 +100,7 @@ def test_served_rounds_come_from_the_gateways_of_the_written_plan(
         "lossless",
         "--timeout-s",
         "2",
+        "--fanouts=-1,-1",
     ]
     with served(small_store, small_ckpt, *flags, "--fog-gateways", str(plan_dir)) as fog:
         r = httpx.post(f"{fog}/v1/predict", json={"nodes": [1]}, timeout=30)  # 2 s deadline

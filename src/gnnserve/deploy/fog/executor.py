@@ -45,7 +45,16 @@ class FogExecutor(Executor):
 
     @classmethod
     def check_config(cls, config: ServeConfig) -> None:
-        """Refuse an update log and a missing or bad nodes file."""
+        """Refuse an update log, sampled fanouts and a missing or bad nodes file."""
+        fanouts = config.sampler.fanouts
+        if any(f != -1 for f in fanouts):
+            given = ",".join(str(f) for f in fanouts)
+            raise InvalidInputError(
+                "deploy mode fog answers with full-graph inference (every neighbour at every "
+                f"layer), not with sampled fanouts {given}: serve it with --fanouts=-1,-1 (one "
+                "-1 per model layer)",
+                "sampler.fanouts",
+            )
         if config.store.update_log:
             raise InvalidInputError(
                 "deploy mode fog serves a fixed sensor graph (its nodes hold partitions taken "
