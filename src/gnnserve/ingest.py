@@ -101,9 +101,11 @@ def _refusal(reply: httpx.Response, done: int) -> str:
         body = reply.json()
     except ValueError:
         return f"HTTP {reply.status_code}: {reply.text[:200]}"
+    error = body.get("error") if isinstance(body, dict) else None
+    error = error if isinstance(error, dict) else {"message": str(error or reply.text[:200])}
     first = [f"row {done + e['index']}: {e['message']}" for e in body.get("errors", [])[:5]]
-    detail = "; ".join(first) if first else body.get("message", reply.text[:200])
-    return f"HTTP {reply.status_code} ({body.get('error', 'error')}): {detail}"
+    detail = "; ".join(first) if first else str(error.get("message"))
+    return f"HTTP {reply.status_code} ({error.get('kind', 'error')}): {detail}"
 
 
 def _stop(reason: str, done: int) -> NoReturn:

@@ -121,3 +121,58 @@ def test_ingest_sends_batches_and_stops_at_a_refused_one(server: str, tmp_path: 
     assert "15 rows" in done.stderr
     assert all(u in _in(server, 50 + u % 7) for u in range(110, 125))
     assert _in(server, 50 + 100 % 7).count(100) == 1  # the resumed run did not send batch 1 again
+
+
+def test_ingest_names_the_bad_row_or_file_before_sending(
+    server: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Files the server never sees: exit 2 with ``error:`` naming the file and, for a CSV
+    value, its row (as refusals number them) and line; nothing is applied."""
+    from gnnserve.cli import main
+
+    version = httpx.post(f"{server}/v1/predict", json={"nodes": [0]}).json()["graph_version"]
+    lines = [f"add_edge,{u},3" for u in range(80)]
+    lines[73] = "add_edge,x7,3"
+    stream = to_stream(pa.table({"op": ["add_edge"] * 100, "src": list(range(100))}))
+    files = {
+        "src.csv": ("op,src,dst\n" + "\n".join(lines), "row 73 (line 75): src 'x7' is not an"),
+        "half.csv": ("op,src,dst\nadd_edge,1.5,3\n", "row 0 (line 2): src '1.5'"),
+        "text.csv": ("op,node,f0\nupsert_features,3,1\nadd_node,,abc\n", "row 1 (line 3): f0"),
+        "cut.arrow": (stream[: len(stream) // 2], "not a complete Arrow IPC"),
+        "updates.txt": ("op,src,dst\nadd_edge,1,2\n", "nor a .csv file"),
+    }
+    for name, (content, message) in files.items():
+        path = tmp_path / name
+        path.write_bytes(content if isinstance(content, bytes) else content.encode())
+        assert main(["ingest", str(path), "--url", server, "--quiet"]) == 2, name
+        err = capsys.readouterr().err
+        assert err.startswith("error:") and name in err and message in err, (name, err)
+    again = httpx.post(f"{server}/v1/predict", json={"nodes": [0]}).json()["graph_version"]
+    assert again == version
+
+
+def test_ingest_takes_csv_files_without_edges_or_without_features(
+    server: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A CSV of only feature rows (src and dst empty everywhere: pyarrow types them null) and
+    one of edges whose feature cells are all empty are applied; a row whose features hold a
+    nan is refused by the server, named by its row."""
+    from gnnserve.cli import main
+
+    header, width = ",".join(f"f{i}" for i in range(16)), ",".join(["0.25"] * 16)
+    features = tmp_path / "features.csv"
+    features.write_text(
+        f"op,src,dst,node,{header}\nupsert_features,,,3,{width}\nadd_node,,,,{width}\n"
+    )
+    edges = tmp_path / "edges.csv"
+    edges.write_text(f"op,src,dst,{header}\nadd_edge,4,5{',' * 16}\nadd_edge,6,5{',' * 16}\n")
+    for path in (features, edges):
+        assert main(["ingest", str(path), "--url", server, "--quiet"]) == 0, capsys.readouterr()
+    assert {4, 6} <= set(_in(server, 5))
+    nan = tmp_path / "nan.csv"
+    nan.write_text(
+        f"op,node,{header}\nupsert_features,3,{width}\nupsert_features,3,nan,{width[5:]}\n"
+    )
+    assert main(["ingest", str(nan), "--url", server, "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "row 1: " in err and "(update_rejected)" in err and "is nan" in err, err

@@ -110,8 +110,8 @@ def _op_codes(pa: Any, column: Any) -> np.ndarray:
 def _ids(pa: Any, table: Any, name: str, k: int) -> np.ndarray:
     import pyarrow.compute as pc
 
-    if name not in table.column_names:
-        return np.full(k, MISSING, dtype=np.int64)
+    if name not in table.column_names or pa.types.is_null(table.column(name).type):
+        return np.full(k, MISSING, dtype=np.int64)  # absent, or every row empty
     column = table.column(name)
     if not pa.types.is_integer(column.type):
         raise InvalidInputError(f"{name} must be an integer column, got {column.type}", name)
@@ -151,24 +151,35 @@ def to_stream(batch: pa.Table) -> bytes:
 
 def read_file(path: str | Path, batch_rows: int, skip_rows: int = 0) -> Iterator[pa.Table]:
     """Update rows of an Arrow IPC (stream or file) or CSV file after the first ``skip_rows``,
-    ``batch_rows`` at a time."""
+    ``batch_rows`` at a time. Arrow is recognised by its first bytes, CSV by the ``.csv``
+    extension; anything else, an unreadable file or a CSV column that cannot hold what its
+    rows need is InvalidInputError naming the file, and the row where it can."""
     pa = _pyarrow()
-    table = _read_csv(pa, path) if str(path).endswith(".csv") else _read_arrow(pa, path)
+    with open(path, "rb") as fh:
+        head = fh.read(6)
+    if head == b"ARROW1" or head[:4] == b"\xff\xff\xff\xff":
+        table = _read_arrow(pa, path, file_format=head == b"ARROW1")
+    elif str(path).endswith(".csv"):
+        table = _read_csv(pa, path)
+    else:
+        raise InvalidInputError(
+            f"{path}: neither an Arrow IPC file or stream (by its first bytes) nor a .csv file: "
+            "name a CSV file *.csv",
+            "file",
+        )
     for lo in range(skip_rows, table.num_rows, batch_rows):
         yield table.slice(lo, batch_rows)
 
 
-def _read_arrow(pa: Any, path: str | Path) -> Any:
-    with open(path, "rb") as fh:
-        head = fh.read(6)
+def _read_arrow(pa: Any, path: str | Path, file_format: bool) -> Any:
     try:
-        if head == b"ARROW1":
+        if file_format:
             return pa.ipc.open_file(path).read_all()
         with pa.memory_map(str(path)) as source:
             return pa.ipc.open_stream(source).read_all()
-    except pa.ArrowInvalid as exc:
+    except (pa.ArrowException, OSError) as exc:
         raise InvalidInputError(
-            f"{path} is not an Arrow IPC file or stream: {exc}", "file"
+            f"{path} is not a complete Arrow IPC file or stream (truncated?): {exc}", "file"
         ) from None
 
 
@@ -178,14 +189,73 @@ def _read_csv(pa: Any, path: str | Path) -> Any:
 
     try:
         table = csv.read_csv(path)
-    except pa.ArrowInvalid as exc:
+    except (pa.ArrowException, OSError) as exc:
         raise InvalidInputError(f"{path}: not a CSV of updates: {exc}", "file") from None
     feats = [c for c in table.column_names if c.startswith("f") and c[1:].isdigit()]
     feats.sort(key=lambda c: int(c[1:]))
+    for name in ("src", "dst", "node"):
+        if name in table.column_names:
+            _check_csv_ids(pa, path, table.column(name), name)
+    for name in feats:
+        _check_csv_numbers(pa, path, table.column(name), name)
     if not feats:
         return table
-    flat = np.stack([table.column(c).to_numpy(zero_copy_only=False) for c in feats], axis=1)
+    flat = np.stack(
+        [table.column(c).cast(pa.float64()).to_numpy(zero_copy_only=False) for c in feats], axis=1
+    )
     null = np.isnan(flat).all(axis=1)  # rows with no feature values (edge operations)
     lists = pa.FixedSizeListArray.from_arrays(pa.array(flat.reshape(-1), pa.float64()), len(feats))
     lists = pc.if_else(pa.array(null), pa.nulls(len(null), lists.type), lists)
     return table.drop_columns(feats).append_column("features", lists)
+
+
+def _csv_row(row: int) -> str:
+    """A data row of a CSV file as the ingest numbers rows, with its line (the header is 1)."""
+    return f"row {row} (line {row + 2})"
+
+
+_INTEGER = r"^\s*[+-]?\d+\s*$"
+_NUMBER = r"^\s*[+-]?((\d+\.?\d*|\.\d+)(e[+-]?\d+)?|nan|inf|infinity)\s*$"
+
+
+def _first_row_not(pa: Any, column: Any, pattern: str) -> tuple[int, str]:
+    """(row, text) of the first non-empty value of a string ``column`` that does not match
+    ``pattern`` (case-insensitive)."""
+    import pyarrow.compute as pc
+
+    text = column.combine_chunks().cast(pa.string())
+    fine = pc.match_substring_regex(text, pattern, ignore_case=True)
+    fine = pc.or_(fine, pc.equal(text, ""))
+    bad = np.flatnonzero(~pc.fill_null(fine, True).to_numpy(zero_copy_only=False))
+    row = int(bad[0]) if bad.size else 0
+    return row, str(text[row].as_py())
+
+
+def _check_csv_ids(pa: Any, path: str | Path, column: Any, name: str) -> None:
+    """An id column of a CSV must hold integers or nothing (null: pyarrow's type when every
+    row is empty): InvalidInputError naming the first row that does not."""
+    import pyarrow.compute as pc
+
+    kind = column.type
+    if pa.types.is_integer(kind) or pa.types.is_null(kind):
+        return
+    if pa.types.is_floating(kind):
+        values = column.combine_chunks()
+        whole = pc.equal(values, pc.floor(values))
+        bad = np.flatnonzero(~pc.fill_null(whole, True).to_numpy(zero_copy_only=False))
+        if bad.size == 0:
+            return  # 3.0: an integer written as a float
+        row, text = int(bad[0]), str(values[int(bad[0])].as_py())
+    else:
+        row, text = _first_row_not(pa, column, _INTEGER)
+    raise InvalidInputError(f"{path}: {_csv_row(row)}: {name} {text!r} is not an integer", name)
+
+
+def _check_csv_numbers(pa: Any, path: str | Path, column: Any, name: str) -> None:
+    """A feature column of a CSV must hold numbers or nothing: InvalidInputError naming the
+    first row that does not."""
+    kind = column.type
+    if pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_null(kind):
+        return
+    row, text = _first_row_not(pa, column, _NUMBER)
+    raise InvalidInputError(f"{path}: {_csv_row(row)}: {name} {text!r} is not a number", name)
