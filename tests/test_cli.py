@@ -278,6 +278,39 @@ def test_bad_flag_values_exit_2_naming_the_flag(capsys) -> None:
     assert "query_edges_ratio" in capsys.readouterr().err
 
 
+def test_negative_fanouts_may_follow_the_flag_after_a_space(capsys, tmp_path: Path) -> None:
+    """``--fanouts -1,-1`` as faas's own message writes it: serve, train and faas profile take
+    it (serve then stops at the missing store, not at argparse)."""
+    absent = str(tmp_path / "absent")
+    assert main(["serve", "--store", absent, "--model", absent, "--fanouts", "-1,-1"]) == 2
+    assert "meta.json missing" in capsys.readouterr().err
+    for words in (
+        ["train", "--store", "s", "--out", "o", "--fanouts", "-1,-1", "--eval-fanouts", "-1, 5"],
+        ["faas", "profile", "--remote", "s", "--model", "m", "--fanouts", "-1,-1"],
+    ):
+        args, unknown = build_parser(words[0]).parse_known_args(_joined(words))
+        assert args.fanouts == "-1,-1" and unknown == [], words
+    assert _joined(["--fanouts", "-1,-1", "--seed", "-5"])[-1] == "-5"  # only list flags
+
+
+def _joined(words: list[str]) -> list[str]:
+    from gnnserve.cli import _negative_lists_joined
+
+    return _negative_lists_joined(words)
+
+
+def test_an_unknown_flag_shows_the_commands_usage_and_help_shows_defaults(capsys) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["serve", "--bogus-flag"])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and err.startswith("usage: gnnserve serve")
+    assert "unrecognized arguments: --bogus-flag" in err
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    out = capsys.readouterr().out
+    assert "architecture (default: sage)" in out and "(default: 512)" in out
+
+
 def test_serve_rejects_bad_new_node_flags(capsys) -> None:
     assert main(["serve", "--store", "s", "--model", "m", "--gamma", "2"]) == 2
     assert "embeddings.gamma" in capsys.readouterr().err

@@ -7,6 +7,7 @@ import argparse
 import asyncio
 import json
 import logging
+import re
 import signal
 import sys
 from collections.abc import Callable, Sequence
@@ -20,6 +21,10 @@ if TYPE_CHECKING:
 
     from gnnserve.config import ServeConfig
 
+
+LIST_FLAGS = frozenset(
+    {"--fanouts", "--eval-fanouts"}
+)  # options whose value may start with a minus: -1,-1
 
 # One row per ``gnnserve serve`` flag: (flag, dotted ServeConfig key). The type, choices, help
 # and default shown come from the config field (its annotation and ``Field(description=...)``),
@@ -512,10 +517,34 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"gnnserve {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, (text, configure) in COMMANDS.items():
-        p = sub.add_parser(name, help=text, description=text)
+        p = sub.add_parser(name, help=text, description=text, formatter_class=_ShowDefaults)
+        p.set_defaults(command_parser=p)
         if command is None or command == name:
             configure(p)
     return parser
+
+
+class _ShowDefaults(argparse.HelpFormatter):
+    """Help that states each option's default, where it has one and its text does not."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        default = action.default
+        if default in (None, False, argparse.SUPPRESS) or "default" in text:
+            return action.help
+        return f"{text} (default: %(default)s)" if text else "default: %(default)s"
+
+
+def _negative_lists_joined(words: list[str]) -> list[str]:
+    """``--fanouts -1,-1`` as ``--fanouts=-1,-1``: argparse takes a value that starts with
+    ``-`` and is not a plain number for an option, and refuses the flag."""
+    out: list[str] = []
+    for word in words:
+        if out and out[-1] in LIST_FLAGS and re.fullmatch(r"-\d+(,\s*-?\d+)*", word):
+            out[-1] = f"{out[-1]}={word}"
+        else:
+            out.append(word)
+    return out
 
 
 def _command_of(argv: Sequence[str]) -> str | None:
@@ -525,9 +554,13 @@ def _command_of(argv: Sequence[str]) -> str | None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``gnnserve`` console script."""
-    words = sys.argv[1:] if argv is None else list(argv)
+    words = _negative_lists_joined(sys.argv[1:] if argv is None else list(argv))
     parser = build_parser(_command_of(words) or "")
-    args = parser.parse_args(words)
+    args, unknown = parser.parse_known_args(words)
+    if unknown:  # the command's own usage, not the top-level one
+        getattr(args, "command_parser", parser).error(
+            f"unrecognized arguments: {' '.join(unknown)}"
+        )
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s %(message)s"
     )
