@@ -103,6 +103,23 @@ def test_wrong_credentials_and_dead_endpoints_name_the_endpoint(object_store: An
         open_blobs(f"s3://{object_store.bucket}/x", {"endpiont": "x"})
 
 
+def test_without_settings_the_error_points_at_the_objstore_exports(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """No endpoint, no credentials: the error (here composed for a failure this machine cannot
+    reach AWS to produce) tells the user to run the lines `gnnserve objstore` prints."""
+    for key in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_REGION"):
+        monkeypatch.delenv(key, raising=False)
+    blobs = open_blobs("s3://bucket/x")
+    with pytest.raises(StoreFormatError, match="export AWS_") as info:
+        blobs._fail(ConnectionError("dns error"), "meta.json")  # type: ignore[attr-defined]
+    assert "the default AWS endpoint" in str(info.value)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:1")
+    with pytest.raises(StoreFormatError) as info:
+        open_blobs("s3://bucket/x")._fail(ConnectionError("refused"), "meta.json")  # type: ignore[attr-defined]
+    assert "export AWS_" not in str(info.value)
+
+
 def test_settings_come_from_the_environment(
     object_store: Any, uploaded: tuple[Any, bytes], monkeypatch: pytest.MonkeyPatch
 ) -> None:

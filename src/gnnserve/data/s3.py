@@ -46,6 +46,10 @@ _ENV = {
     "region": "AWS_REGION",
 }
 _RETRY = {"max_retries": 3, "retry_timeout": timedelta(seconds=20)}
+NO_SETTINGS_HINT = (
+    ". No AWS_ENDPOINT_URL or AWS_ACCESS_KEY_ID is set: for the SeaweedFS that `gnnserve "
+    "objstore` runs, first run the `export AWS_...` lines it prints (in this shell)"
+)
 _LOOP_LOCK = threading.Lock()
 _LOOP: tuple[int, asyncio.AbstractEventLoop] | None = None
 
@@ -98,6 +102,8 @@ class S3BlobStore(BlobStore):
             kwargs["secret_access_key"] = settings["secret_access_key"]
         else:
             kwargs["skip_signature"] = True
+        # neither an endpoint nor credentials: most often the export lines were not run
+        self.hint = "" if self.endpoint or settings["access_key_id"] else NO_SETTINGS_HINT
         self.prefix = location.key.strip("/")
         self.deadline_s = DEADLINE_S  # seconds one call's requests may take together
         self._store = S3Store(location.bucket, **kwargs)
@@ -121,7 +127,7 @@ class S3BlobStore(BlobStore):
                 retry_after_s=1.0,
             ) from exc
         raise StoreFormatError(
-            f"{self.url} ({where}): {name!r}: {type(exc).__name__}: {first}", "remote"
+            f"{self.url} ({where}): {name!r}: {type(exc).__name__}: {first}{self.hint}", "remote"
         ) from exc
 
     def _call(self, fn: Any, name: str, *args: Any, **kwargs: Any) -> Any:

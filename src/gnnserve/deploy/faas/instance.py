@@ -29,7 +29,7 @@ from gnnserve.deploy.faas.function import (
     SampleFunction,
     scratch_dir,
 )
-from gnnserve.deploy.faas.launch import CPU_GROUP, Resources
+from gnnserve.deploy.faas.resources import CPU_GROUP, Resources
 from gnnserve.deploy.fog.testbed import CpuQuota
 from gnnserve.errors import InvalidInputError
 

@@ -23,17 +23,16 @@ import shlex
 import shutil
 import sys
 from concurrent.futures import Future
-from dataclasses import dataclass
 from typing import Any
 
 from gnnserve.deploy.faas.cgroup import MemoryCgroup, cgroup_support
 from gnnserve.deploy.faas.function import FunctionSpec, scratch_dir
+from gnnserve.deploy.faas.resources import CPU_GROUP, Resources
 from gnnserve.deploy.fog.testbed import CpuQuota
 from gnnserve.errors import GnnServeError
 from gnnserve.registry import Registry
 
 log = logging.getLogger(__name__)
-CPU_GROUP = "gnnserve-faas"  # parent of every instance's CPU quota group
 _MB = 1 << 20
 
 
@@ -41,14 +40,6 @@ class InstanceDiedError(GnnServeError):
     """The instance process is gone (killed for memory, crashed, stopped)."""
 
     kind = "instance_died"
-
-
-@dataclass(frozen=True)
-class Resources:
-    """An instance's limits: ``memory_mb`` (0: none) and ``cpus`` (CPU quota; 0: none)."""
-
-    memory_mb: int
-    cpus: float
 
 
 class InstanceHandle(abc.ABC):
