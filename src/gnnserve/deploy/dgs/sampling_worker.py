@@ -120,19 +120,24 @@ class SamplingWorker:
     # the log --------------------------------------------------------------------------------
     def consume(self, upto: int, replay: bool = False) -> list[Any]:
         """Apply the log's records after this worker's position through seq ``upto`` (its own
-        events of each, in order) and send the count deltas. ``replay``: rebuild the
-        reservoirs only (a ``recount`` follows), no messages."""
+        events of each, in order) and send the count deltas. ``replay`` (a rebuild: a
+        ``recount`` follows) only counts the records as replayed.
+
+        A rebuild needs no guard against the deltas sent while replaying: they carry the epoch
+        their sender was in (0 for a worker built from a checkpoint, the old one for the
+        others); the coordinator waits for every send of ``consume`` before ``recount``, which
+        starts a new epoch by forgetting every count and inbox, and a message that came later
+        would be dropped for its old epoch (``receive``)."""
         msgs = []
         while self.position.seq < upto:
             for seq, end, raw in ray.get(self.feed.read.remote(self.position, upto)):
                 added, kinds, srcs, dsts = record_events(raw, self.dim)
                 if added:
-                    self._grow(added, seed_new=not replay)
+                    self._grow(added)
                 mine = np.flatnonzero(self.ranges.owner(dsts) == self.index)
                 if mine.size:
                     changes = self._apply(kinds[mine], srcs[mine], dsts[mine])
-                    if not replay:
-                        msgs.append(self.subs.change_deltas(changes))
+                    msgs.append(self.subs.change_deltas(changes))
                 self.position = Position(seq, end)
                 self.events += int(mine.size)
                 self.records += 1
@@ -145,7 +150,7 @@ class SamplingWorker:
         self.adj.apply(kinds, srcs, rows)
         return self.res.apply(kinds, srcs, dsts, rows, self._neighbors)
 
-    def _grow(self, added: int, seed_new: bool) -> None:
+    def _grow(self, added: int) -> None:
         """The graph gained ``added`` vertices: rows for the owned ones (query vertices)."""
         first = self.ids.count(self.num_nodes)
         self.num_nodes += added
@@ -154,8 +159,7 @@ class SamplingWorker:
         self.adj.grow(rows)
         self.subs.grow(self.res.table.shape[0])
         self.is_query = np.concatenate([self.is_query, np.ones(rows - first, dtype=bool)])
-        if seed_new:
-            self._seed(np.arange(first, rows))
+        self._seed(np.arange(first, rows))
 
     def _neighbors(self, v: int) -> np.ndarray:
         """Current in-neighbours of owned vertex v (global ids)."""
