@@ -80,6 +80,14 @@ class PayloadTooLargeError(GnnServeError):
     kind = "payload_too_large"
 
 
+class NeedsMoreMemoryError(GnnServeError):
+    """A request needs more memory than the instance that would run it has (serverless
+    ``--memory-mb``): retrying it does not help; a larger limit or a smaller request does."""
+
+    http_status = 413
+    kind = "needs_more_memory"
+
+
 class UnknownModelError(GnnServeError, KeyError):
     """The request names a model the server does not serve."""
 

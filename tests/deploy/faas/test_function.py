@@ -13,7 +13,7 @@ import torch
 
 from gnnserve.data.writer import GraphData, write_store
 from gnnserve.deploy.faas.function import FunctionSpec, InferenceFunction, SampleFunction
-from gnnserve.errors import StoreFormatError
+from gnnserve.errors import NeedsMoreMemoryError, StoreFormatError
 from gnnserve.models.memory import MemoryPredictor
 from tests.conftest import make_checkpoint, random_simple_graph
 
@@ -62,6 +62,29 @@ def test_a_prediction_above_the_free_budget_clears_the_cache_before_the_request(
     assert big.hits == 0  # cleared before it read: every row fetched again
     plain = InferenceFunction(FunctionSpec(store.as_uri(), str(ckpt), (-1, 10), cache=False))
     torch.testing.assert_close(big.logits, plain.infer(request).logits)
+
+
+def test_a_prediction_above_the_whole_capacity_is_refused_before_it_runs(
+    tmp_path: Path,
+) -> None:
+    """80 MB predicted for a 64 MB instance: 413 naming both figures; nothing read or cached
+    (the cache keeps what it held)."""
+    store, ckpt = _setup(tmp_path)
+    _predictor(ckpt, 4 * MB)
+    spec = FunctionSpec(store.as_uri(), str(ckpt), (-1, 10), memory_mb=64)
+    request = SampleFunction(spec).sample(np.arange(0, 6000, 40), rng_seed=1)
+    holder: list[InferenceFunction] = []
+    fn = InferenceFunction(spec, usage=lambda: _usage(20 * MB, holder))
+    holder.append(fn)
+    assert fn.cache is not None
+    fn.infer(request)
+    held, read = len(fn.cache), fn.blobs.stats.bytes_read
+    _predictor(ckpt, 80 * MB)
+    fn.predictor = MemoryPredictor.load(ckpt, fanouts=(-1, 10))
+    with pytest.raises(NeedsMoreMemoryError, match=r"about 8\d MB .*--memory-mb 64") as info:
+        fn.infer(request)
+    assert info.value.http_status == 413
+    assert len(fn.cache) == held and fn.blobs.stats.bytes_read == read
 
 
 def test_a_predictor_profiled_for_other_fanouts_is_refused(tmp_path: Path) -> None:

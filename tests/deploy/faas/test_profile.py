@@ -39,6 +39,11 @@ def test_profile_command_prints_the_report(
     assert main([*argv, "--fanouts", "4,4", "--requests", "24"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert Path(report["saved"]).exists() and report["held_out"] == 6
+    # serving with other fanouts: refused before the store (absent here) is even opened
+    serve = ["serve", "--deploy", "faas", "--store", str(tmp_path / "absent"), "--model"]
+    assert main([*serve, str(ckpt), "--fanouts", "-1,-1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "profiled with fanouts [4, 4]" in err, err
     shutil.rmtree(ckpt)
     assert main([*argv, "--requests", "24"]) == 2  # missing checkpoint: a clear error, exit 2
 

@@ -19,6 +19,7 @@ from functools import partial
 
 import numpy as np
 
+from gnnserve.config import ServeConfig
 from gnnserve.deploy.faas.function import FunctionSpec
 from gnnserve.deploy.faas.metrics import FaaSMetrics
 from gnnserve.deploy.faas.service import FaaSResult, FaaSService
@@ -26,7 +27,7 @@ from gnnserve.engine.batcher import Batch
 from gnnserve.engine.executor import BatchSource, ExecutionContext, Executor
 from gnnserve.engine.local import resolve_batch
 from gnnserve.engine.pipeline import check_default_fanouts, fail_batch
-from gnnserve.errors import InvalidInputError
+from gnnserve.errors import InvalidInputError, StoreFormatError
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +41,18 @@ class FaaSExecutor(Executor):
         "(a cold start, as on a FaaS platform; kept warm --keep-alive-s after their last "
         "request; --min-instances N keeps N of each function warm from start-up)"
     )
+
+    @classmethod
+    def check_config(cls, config: ServeConfig) -> None:
+        """Refuse a memory predictor beside the checkpoint that was profiled for another
+        model or other fanouts than the server samples with, before the store loads (the
+        instances would refuse it on every request)."""
+        from gnnserve.models.memory import MemoryPredictor
+
+        try:
+            MemoryPredictor.load_if_present(config.model_path, config.sampler.fanouts)
+        except StoreFormatError as exc:
+            raise InvalidInputError(exc.message, "sampler.fanouts") from None
 
     def __init__(self, context: ExecutionContext) -> None:
         super().__init__(context)

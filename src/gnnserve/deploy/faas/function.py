@@ -26,7 +26,7 @@ import torch
 
 from gnnserve.data import layout
 from gnnserve.data.blobs import BlobStore, open_blobs
-from gnnserve.errors import InvalidInputError
+from gnnserve.errors import InvalidInputError, NeedsMoreMemoryError
 from gnnserve.features.adaptive_cache import AdaptiveFeatureCache, CacheStats
 from gnnserve.features.base import FeatureStore
 from gnnserve.features.remote import RemoteFeatures
@@ -242,8 +242,11 @@ class InferenceFunction:
         self.runner.forward(MiniBatch(subgraph, x, torch.ones(n)))
 
     def infer(self, request: SampledRequest) -> InferenceOutput:
-        """Run one request; see the module docstring for the memory rules."""
+        """Run one request; see the module docstring for the memory rules.
+        NeedsMoreMemoryError, before anything runs, when its predicted peak exceeds the
+        instance's whole capacity."""
         predicted = self._predict(request.subgraph)
+        self._check_fits(request, predicted)
         cleared, evicted = self._make_room(request, predicted)
         before = self.blobs.stats.bytes_read
         output, measured = self._measured_run(request)
@@ -264,6 +267,21 @@ class InferenceFunction:
         if self.predictor is None:
             return 0
         return int(self.predictor.predict(request_features(subgraph))[0])
+
+    def _check_fits(self, request: SampledRequest, predicted: int) -> None:
+        """A prediction above the whole capacity cannot fit whatever the cache gives up (the
+        runtime needs memory too): refused. One between the free budget and the capacity runs
+        after the cache is cleared (§4.3); predictions err, so only this bound is certain."""
+        if not self.capacity or predicted <= self.capacity:
+            return
+        nodes = int(request.subgraph.input_nodes.size)
+        raise NeedsMoreMemoryError(
+            f"this request needs about {predicted / _MB:.0f} MB for inference (the predicted "
+            f"peak over its {nodes:,} sampled nodes), more than an inference instance's whole "
+            f"--memory-mb {self.spec.memory_mb}: raise --memory-mb (the runtime and model take "
+            "memory too) or send fewer nodes per request",
+            "memory_mb",
+        )
 
     def free_budget(self) -> int:
         """Bytes the cache and the next request may use: the capacity less the headroom and

@@ -58,6 +58,16 @@ class InstanceHandle(abc.ABC):
     def _stop(self) -> None:
         """Kill the process (no-op when it is gone)."""
 
+    def oom_kills(self) -> int:
+        """Times the kernel killed a process of this instance for memory (its memory cgroup's
+        counter; 0 without one)."""
+        kills = 0
+        for group in self._groups:
+            if isinstance(group, MemoryCgroup):
+                with contextlib.suppress(OSError):
+                    kills += group.oom_kills
+        return kills
+
     def kill(self) -> None:
         """Stop the process and remove its cgroups and scratch files (its owner's resources)."""
         with contextlib.suppress(Exception):

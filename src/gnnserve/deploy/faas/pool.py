@@ -27,7 +27,7 @@ from typing import Any
 
 from gnnserve.deploy.faas.launch import InstanceDiedError, InstanceHandle
 from gnnserve.deploy.faas.scheduler import Launch, Run, Scheduler, Stop
-from gnnserve.errors import WorkerFailedError
+from gnnserve.errors import GnnServeError, NeedsMoreMemoryError, WorkerFailedError
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +49,7 @@ class PoolStats:
     cold_starts: int = 0  # instances launched
     cold_start_s: list[float] = field(default_factory=list)  # launch -> ready, per instance
     failures: int = 0  # instances that died
+    oom_kills: int = 0  # of them, killed by the kernel for memory (their cgroup says so)
     retries: int = 0  # requests run again after their instance died
     gb_seconds: float = 0.0  # capacity x lifetime of stopped instances (running ones: live_gb_s)
     completed: int = 0  # requests answered
@@ -223,6 +224,13 @@ class FunctionPool:
 
     def _fail(self, instance: int, cause: BaseException, now: float) -> list[Launch | Run | Stop]:
         self.stats.failures += 1
+        inst = self._instances.get(instance)
+        if inst is not None and inst.handle.oom_kills():
+            self.stats.oom_kills += 1
+            cause = InstanceDiedError(
+                f"killed for memory: over its --memory-mb limit ({self._memory_gb * 1024:.0f} MB)",
+                "instance",
+            )
         log.warning("faas pool %s: instance %d died: %s", self.name, instance, cause)
         self._retire(instance, now)
         outcome = self.scheduler.failed(instance, now)
@@ -237,13 +245,24 @@ class FunctionPool:
             self._retried.discard(request)
             entry = self._requests.pop(request, None)
             if entry is not None:
-                error = InstanceFailedError(
-                    f"the {self.name} instances running this request died twice "
-                    f"({_reason(cause)}); retry later",
-                    "instance",
-                )
-                entry[1].set_exception(error)
+                entry[1].set_exception(self._died_twice(cause))
         return actions
+
+    def _died_twice(self, cause: BaseException) -> GnnServeError:
+        """The error of a request whose second instance died too: a memory kill says the
+        request needs more memory (retrying cannot help), anything else asks for a retry."""
+        if "killed for memory" in str(cause):
+            return NeedsMoreMemoryError(
+                f"the {self.name} instances running this request were killed for memory twice: "
+                f"it needs more than --memory-mb {self._memory_gb * 1024:.0f} MB (runtime and "
+                "model included); raise --memory-mb or send fewer nodes per request",
+                "memory_mb",
+            )
+        return InstanceFailedError(
+            f"the {self.name} instances running this request died twice "
+            f"({_reason(cause)}); retry later",
+            "instance",
+        )
 
     def _execute(self, actions: list[Launch | Run | Stop], now: float) -> None:
         for action in actions:
