@@ -2,21 +2,23 @@
 
 A real `gnnserve serve` process (GraphSAGE 2x256, fanouts [25, 10], 1 torch thread and 1 kernel
 thread: the load generator and the event loop share the other core) on
-fb100_cornell5 with 128-dim random features; each request asks for ``NODES`` random nodes (16:
-the model, not the HTTP layer, is then the bottleneck, which is what admission control is for;
-with single-node requests this 2-core machine saturates its event loop and the load generator
-first). The load generator runs in a separate process (no torch in it), on the same 2 cores.
+fb100_cornell5 with 128-dim random features; each request asks for 1, 16 or 64 random nodes
+(``--sizes``; each size a third of the requests: admission must predict what a request of each
+size costs, and its targets hold per size). The load generator runs in a separate process (no
+torch in it), on the same 2 cores.
 
-1. unloaded p99: open-loop Poisson load at ``UNLOADED_RPS``, no deadline;
-2. the deadline of every later request is 2x that p99; the client sends ``SERVER_SHARE`` (85%)
-   of it as ``X-Timeout-Ms`` and keeps the rest for its own side of the exchange; the goal
-   "admitted p99 <= 2x the unloaded p99" is then "admitted answers meet the client's deadline";
+1. unloaded p99 of each size: open-loop Poisson load at ``UNLOADED_RPS``, no deadline;
+2. the deadline of every later request is 2x the unloaded p99 of its size; the client sends
+   ``SERVER_SHARE`` (85%) of it as ``X-Timeout-Ms`` and keeps the rest for its own side of the
+   exchange; the goal "admitted p99 <= 2x the unloaded p99" is then "admitted answers meet the
+   client's deadline", per size;
 3. sustainable capacity: the highest rate at which >= 99% of the requests are answered 200
    within the deadline (ladder x2 from ``START_RPS``, then bisection to 10%, 25% in --quick);
 4. rounds of open-loop load at 1x, 2x and 3x that capacity (arms interleaved, A B C C B A):
    admitted p50/p99, 429 p50/p99 (client-side latency from the scheduled send time), 504s,
-   goodput (200 within the deadline, per second) against capacity. Published: the median over
-   rounds with its range. No round starts that would end past 540 s.
+   goodput (200 within the deadline, per second) against capacity, in all and per size (a
+   size's goodput against its share of the capacity). Published: the median over rounds with
+   its range. No round starts that would end past 540 s.
 
     python bench/overload.py            # full run (< 10 min): results/overload.json and .png
     python bench/overload.py --quick    # smoke run (< 1 min): results/overload_quick.json
@@ -52,7 +54,7 @@ from common import (  # noqa: E402
     write_results,
 )
 
-NODES = 16  # nodes per request
+SIZES = (1, 16, 64)  # nodes per request, drawn uniformly per request
 UNLOADED_RPS = 20.0
 START_RPS = 50.0
 GOOD_FRACTION = 0.99  # share answered 200 within the deadline for a rate to be sustainable
@@ -67,29 +69,45 @@ SERVER_SHARE = 0.85
 
 # ---- load generator (runs in its own process: imports no torch) ---------------------------------
 def run_load(
-    url: str, rate: float, duration: float, num_nodes: int, timeout_ms: float | None, seed: int
+    url: str,
+    rate: float,
+    duration: float,
+    num_nodes: int,
+    timeout_ms: dict[int, float] | None,
+    seed: int,
+    sizes: tuple[int, ...],
 ) -> dict[str, Any]:
-    """Open-loop Poisson load; per request: HTTP status (-1: client error) and latency (ms)."""
-    return asyncio.run(_open_loop(url, rate, duration, num_nodes, timeout_ms, seed))
+    """Open-loop Poisson load, each request of a size drawn from ``sizes`` with that size's
+    server timeout (``timeout_ms``); per request: its size, HTTP status (-1: client error)
+    and latency (ms)."""
+    return asyncio.run(_open_loop(url, rate, duration, num_nodes, timeout_ms, seed, sizes))
 
 
 async def _open_loop(
-    url: str, rate: float, duration: float, num_nodes: int, timeout_ms: float | None, seed: int
+    url: str,
+    rate: float,
+    duration: float,
+    num_nodes: int,
+    timeout_ms: dict[int, float] | None,
+    seed: int,
+    sizes: tuple[int, ...],
 ) -> dict[str, Any]:
     from gnnserve import loadgen
 
     rng = np.random.default_rng(seed + 1)
     n = max(1, int(rate * duration))
+    size = rng.choice(np.asarray(sizes), n)
     # encoded up front: the client's own JSON encoding would be measured as send lag
-    bodies = [
-        json.dumps({"nodes": row}).encode()
-        for row in rng.integers(0, num_nodes, (n, NODES)).tolist()
-    ]
-    headers = {HEADER: f"{timeout_ms:.1f}"} if timeout_ms is not None else None
+    bodies = [json.dumps({"nodes": rng.integers(0, num_nodes, k).tolist()}).encode() for k in size]
+    headers = None
+    if timeout_ms is not None:
+        by_size = {k: {HEADER: f"{ms:.1f}"} for k, ms in timeout_ms.items()}
+        headers = lambda i: by_size[int(size[i])]  # noqa: E731
     report = await loadgen.open_loop(
         url, bodies.__getitem__, rate, duration, seed, 1024, headers, timeout_s=60.0
     )
     return {
+        "size": size.tolist(),
         "status": report.statuses.tolist(),
         "latency_ms": report.answer_ms.tolist(),
         "lag_ms": report.send_lag_ms.tolist(),
@@ -102,11 +120,31 @@ def _pct(values: np.ndarray, q: float) -> float:
     return float(np.percentile(values, q)) if values.size else float("nan")
 
 
-def summarize(raw: dict[str, Any], rate: float, timeout_ms: float | None) -> dict[str, float]:
-    """Headline numbers of one run: what was admitted, shed, late, and the goodput."""
-    status, latency = np.asarray(raw["status"]), np.asarray(raw["latency_ms"])
+def summarize(
+    raw: dict[str, Any], rate: float, timeout_ms: dict[int, float] | None
+) -> dict[str, Any]:
+    """Headline numbers of one run, in all and per size (``by_size``): what was admitted,
+    shed, late, and the goodput (answers within their size's deadline)."""
+    size = np.asarray(raw["size"])
+    row = _numbers(raw, rate, timeout_ms, np.ones(size.size, bool))
+    row["by_size"] = {
+        str(k): _numbers(raw, rate * float((size == k).mean()), timeout_ms, size == k)
+        for k in np.unique(size).tolist()
+    }
+    return row
+
+
+def _numbers(
+    raw: dict[str, Any], rate: float, timeout_ms: dict[int, float] | None, mine: np.ndarray
+) -> dict[str, float]:
+    size = np.asarray(raw["size"])[mine]
+    status, latency = np.asarray(raw["status"])[mine], np.asarray(raw["latency_ms"])[mine]
     ok, shed = latency[status == 200], latency[status == 429]
-    good = int((ok <= timeout_ms).sum()) if timeout_ms is not None else ok.size
+    if timeout_ms is None:
+        good = ok.size
+    else:
+        limit = np.array([timeout_ms[int(k)] for k in size[status == 200]])
+        good = int((ok <= limit).sum())
     return {
         "offered_rps": rate,
         "requests": int(status.size),
@@ -121,7 +159,7 @@ def summarize(raw: dict[str, Any], rate: float, timeout_ms: float | None) -> dic
         "shed_p99_ms": _pct(shed, 99),
         "deadline_exceeded": int((status == 504).sum()),
         "other_errors": int(((status != 200) & (status != 429) & (status != 504)).sum()),
-        "client_lag_p99_ms": _pct(np.asarray(raw["lag_ms"]), 99),
+        "client_lag_p99_ms": _pct(np.asarray(raw["lag_ms"])[mine], 99),
     }
 
 
@@ -141,20 +179,32 @@ class Experiment:
     """One server, one load-generator process, and the measurements taken against them."""
 
     def __init__(
-        self, url: str, num_nodes: int, pool: ProcessPoolExecutor, step_s: float, started: float
+        self,
+        url: str,
+        num_nodes: int,
+        pool: ProcessPoolExecutor,
+        step_s: float,
+        started: float,
+        sizes: tuple[int, ...],
     ) -> None:
         self.url, self.num_nodes, self.pool, self.step_s = url, num_nodes, pool, step_s
         self.started = started  # perf_counter() when the benchmark started
-        self.timeout_ms: float | None = None
+        self.sizes = sizes
+        self.timeout_ms: dict[int, float] | None = None  # the client's deadline per size
         self.seed = 0
 
-    def run(self, rate: float, duration: float | None = None) -> dict[str, float]:
+    def run(self, rate: float, duration: float | None = None) -> dict[str, Any]:
         """One open-loop step at ``rate``; prints and returns its summary."""
         self.seed += 1
-        header_ms = None if self.timeout_ms is None else SERVER_SHARE * self.timeout_ms
+        header_ms = None
+        if self.timeout_ms is not None:
+            header_ms = {k: SERVER_SHARE * ms for k, ms in self.timeout_ms.items()}
         args = (self.url, rate, duration or self.step_s, self.num_nodes, header_ms, self.seed)
-        row = summarize(self.pool.submit(run_load, *args).result(), rate, self.timeout_ms)
+        raw = self.pool.submit(run_load, *args, self.sizes).result()
+        row = summarize(raw, rate, self.timeout_ms)
         print(_line(row), flush=True)
+        for k, part in row["by_size"].items():
+            print(f"    {k:>3} nodes:" + _line(part)[1:], flush=True)
         time.sleep(0.3)  # let the last answers drain before the next step
         return row
 
@@ -163,8 +213,11 @@ def measure(exp: Experiment, quick: bool, rounds: int) -> dict[str, Any]:
     """Unloaded p99, then capacity under that deadline, then the 1x/2x/3x rounds."""
     print("unloaded:")
     unloaded = exp.run(UNLOADED_RPS, 3.0 if quick else 15.0)
-    exp.timeout_ms = float(np.ceil(2 * unloaded["admitted_p99_ms"] * 10) / 10)
-    print(f"deadline {exp.timeout_ms} ms (2x unloaded p99); capacity:")
+    exp.timeout_ms = {
+        int(k): float(np.ceil(2 * part["admitted_p99_ms"] * 10) / 10)
+        for k, part in unloaded["by_size"].items()
+    }
+    print(f"deadlines {exp.timeout_ms} ms (2x the unloaded p99 of each size); capacity:")
     cap = find_capacity(
         lambda r: exp.run(r)["good_fraction"] >= GOOD_FRACTION,
         START_RPS,
@@ -172,7 +225,7 @@ def measure(exp: Experiment, quick: bool, rounds: int) -> dict[str, Any]:
     )
     capacity = cap.rate
     print(f"capacity {capacity:.0f}/s; overload rounds:")
-    rows: dict[str, list[dict[str, float]]] = {f"{f}x": [] for f in FACTORS}
+    rows: dict[str, list[dict[str, Any]]] = {f"{f}x": [] for f in FACTORS}
 
     def arm(f: int) -> Any:
         def go() -> float:
@@ -200,16 +253,25 @@ def measure(exp: Experiment, quick: bool, rounds: int) -> dict[str, Any]:
 
 
 def stats(result: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """Per load factor: median and range over rounds of the headline numbers."""
-    keys = ("admitted_p99_ms", "shed_p50_ms", "shed_p99_ms", "deadline_exceeded", "goodput_rps")
+    """Per load factor, in all and per size (``by_size``): median and range over rounds of the
+    headline numbers; a size's goodput against its share of the capacity."""
     out = {}
     for name, runs in result["runs"].items():
-        s = {k: median_range([r[k] for r in runs]) for k in keys}
-        s["goodput_vs_capacity"] = median_range(
-            [r["goodput_rps"] / result["capacity_rps"] for r in runs]
-        )
+        s = _stats(runs, result["capacity_rps"])
+        sizes = runs[0]["by_size"]
+        s["by_size"] = {
+            k: _stats([r["by_size"][k] for r in runs], result["capacity_rps"] / len(sizes))
+            for k in sizes
+        }
         out[name] = s
     return out
+
+
+def _stats(runs: list[dict[str, Any]], capacity: float) -> dict[str, Any]:
+    keys = ("admitted_p99_ms", "shed_p50_ms", "shed_p99_ms", "deadline_exceeded", "goodput_rps")
+    s = {k: median_range([r[k] for r in runs]) for k in keys}
+    s["goodput_vs_capacity"] = median_range([r["goodput_rps"] / capacity for r in runs])
+    return s
 
 
 def plot(result: dict[str, Any], summary: dict[str, dict[str, Any]], path: Path) -> None:
@@ -231,7 +293,6 @@ def plot(result: dict[str, Any], summary: dict[str, dict[str, Any]], path: Path)
     fig, (a, b, c) = plt.subplots(1, 3, figsize=(13, 4))
     bars(a, "admitted_p99_ms", "admitted p99")
     a.axhline(result["unloaded"]["admitted_p99_ms"], color="grey", ls=":", label="unloaded p99")
-    a.axhline(result["deadline_ms"], color="red", ls="--", label="goal: 2x unloaded p99")
     a.set(xlabel="offered load / capacity", ylabel="ms", title="admitted requests")
     bars(b, "shed_p50_ms", "429 p50")
     bars(b, "shed_p99_ms", "429 p99")
@@ -248,8 +309,9 @@ def plot(result: dict[str, Any], summary: dict[str, dict[str, Any]], path: Path)
         ax.set_xticks(xs)
         ax.legend(fontsize=8)
     fig.suptitle(
-        f"overload, {NODES}-node requests, GraphSAGE 2x256 [25, 10] on fb100: capacity "
-        f"{result['capacity_rps']:.0f}/s; median and range over rounds"
+        f"overload, {'/'.join(map(str, result['sizes']))}-node requests, GraphSAGE 2x256 "
+        f"[25, 10] on fb100: capacity {result['capacity_rps']:.0f}/s; median and range over "
+        "rounds (all sizes)"
     )
     save_figure(fig, path)
 
@@ -258,7 +320,9 @@ def main() -> None:
     started = time.perf_counter()
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smoke run: 1 round, short steps")
+    parser.add_argument("--sizes", default=",".join(map(str, SIZES)), help="nodes per request")
     args = parser.parse_args()
+    sizes = tuple(int(k) for k in args.sizes.split(","))
     from gnnserve.demo import start_server, stop_server, wait_ready
     from gnnserve.ports import free_port
 
@@ -274,7 +338,7 @@ def main() -> None:
                 base = f"http://127.0.0.1:{port}"
                 wait_ready(base, proc)
                 print(f"server ready after {time.perf_counter() - started:.0f} s", flush=True)
-                exp = Experiment(f"{base}/v1/predict", n, pool, step_s, started)
+                exp = Experiment(f"{base}/v1/predict", n, pool, step_s, started, sizes)
                 if not args.quick:
                     exp.run(UNLOADED_RPS, 3.0)  # the service-time model, the connection pool
                 result = measure(exp, args.quick, rounds)
@@ -285,7 +349,7 @@ def main() -> None:
         result_name("overload", args.quick),
         {
             "quick": args.quick,
-            "nodes_per_request": NODES,
+            "sizes": list(sizes),
             "step_s": step_s,
             "load_generator": "separate process (aiohttp, open-loop Poisson), same 2 cores",
             **result,
@@ -293,12 +357,8 @@ def main() -> None:
             "wall_s": time.perf_counter() - started,
         },
     )
-    plot(result, summary, out.with_suffix(".png"))
-    u = result["unloaded"]["admitted_p99_ms"]
-    print(
-        f"unloaded p99 {u:.1f} ms, deadline {result['deadline_ms']} ms, capacity "
-        f"{result['capacity_rps']:.0f}/s"
-    )
+    plot({**result, "sizes": list(sizes)}, summary, out.with_suffix(".png"))
+    print(f"deadlines {result['deadline_ms']} ms, capacity {result['capacity_rps']:.0f}/s")
     for name, s in summary.items():
         print(
             f"{name}: admitted p99 {fmt_range(s['admitted_p99_ms'], '.1f', ' ms')}, 429 p50 "
@@ -307,15 +367,26 @@ def main() -> None:
             f"{fmt_range(s['deadline_exceeded'], '.0f')}, goodput/capacity "
             f"{fmt_range(s['goodput_vs_capacity'], '.2f')}"
         )
+        for k, part in s["by_size"].items():
+            print(
+                f"  {k:>3} nodes: admitted p99 {fmt_range(part['admitted_p99_ms'], '.1f', ' ms')}"
+                f", 504s {fmt_range(part['deadline_exceeded'], '.0f')}, goodput / its share "
+                f"of capacity {fmt_range(part['goodput_vs_capacity'], '.2f')}"
+            )
     print(f"wrote {out} and {out.with_suffix('.png')} in {time.perf_counter() - started:.0f} s")
     three = summary["3x"]
     targets = Targets()
-    targets.check(
-        "overload_3x_admitted_p99_vs_unloaded",
-        three["admitted_p99_ms"]["median"] / u,
-        2.0,
-        higher_is_better=False,
-    )
+    for k, part in three["by_size"].items():
+        unloaded = result["unloaded"]["by_size"][k]["admitted_p99_ms"]
+        targets.check(
+            f"overload_3x_{k}_nodes_admitted_p99_vs_unloaded",
+            part["admitted_p99_ms"]["median"] / unloaded,
+            2.0,
+            higher_is_better=False,
+        )
+        targets.check(
+            f"overload_3x_{k}_nodes_goodput_vs_capacity", part["goodput_vs_capacity"]["median"], 0.9
+        )
     targets.check(
         "overload_3x_429_p99_ms", three["shed_p99_ms"]["median"], 50.0, higher_is_better=False
     )

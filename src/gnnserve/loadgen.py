@@ -19,6 +19,8 @@ import aiohttp
 import numpy as np
 
 Payload = dict[str, Any] | bytes  # a JSON-able body, or one already encoded as JSON
+# the headers of every request, or of request i
+Headers = dict[str, str] | Callable[[int], dict[str, str]] | None
 
 
 @dataclass
@@ -145,7 +147,7 @@ async def _schedule(
     make_payload: Callable[[int], Payload],
     send_at: np.ndarray,
     report: LoadReport,
-    headers: dict[str, str] | None,
+    headers: Headers,
 ) -> None:
     """Fire request i at ``start + send_at[i]`` without waiting for earlier replies."""
     start = time.perf_counter()
@@ -155,7 +157,8 @@ async def _schedule(
         if delay > 0:
             await asyncio.sleep(delay)
         t0 = start + float(offset)
-        send = _send(session, url, make_payload(i), report, False, i, t0, headers)
+        own = headers(i) if callable(headers) else headers
+        send = _send(session, url, make_payload(i), report, False, i, t0, own)
         tasks.append(asyncio.create_task(send))
     await asyncio.gather(*tasks)
     report.duration_s = max(time.perf_counter() - start, float(send_at[-1]))
@@ -168,11 +171,11 @@ async def open_loop(
     duration_s: float,
     seed: int = 0,
     max_connections: int = 512,
-    headers: dict[str, str] | None = None,
+    headers: Headers = None,
     timeout_s: float = 30.0,
 ) -> LoadReport:
     """Poisson arrivals at ``rate_rps`` for ``duration_s``; waits for every reply (at most
-    ``timeout_s`` each). ``headers`` go with every request."""
+    ``timeout_s`` each). ``headers`` go with every request, or ``headers(i)`` with request i."""
     rng = np.random.default_rng(seed)
     n = max(1, int(rate_rps * duration_s))
     send_at = np.cumsum(rng.exponential(1.0 / rate_rps, n))

@@ -327,5 +327,12 @@ def _settle(future: Future[Any], outcome: Any) -> None:
 
 
 def _reason(cause: BaseException) -> str:
-    text = str(cause).strip().splitlines()
-    return text[0][:200] if text else type(cause).__name__
+    """What a client may read of ``cause``: the message of gnnserve's own errors (they name
+    fields and limits, not processes); for anything else (Ray's actor errors carry pids,
+    addresses, actor ids and terminal colour codes) its type, the details being in the log."""
+    if isinstance(cause, GnnServeError) and not isinstance(cause, InstanceDiedError):
+        text = cause.message.strip().splitlines()
+        return text[0][:200] if text else type(cause).__name__
+    if isinstance(cause, InstanceDiedError):
+        return "the instance process died; the server log has the cause"
+    return f"{type(cause).__name__}; the server log has the details"
