@@ -15,6 +15,7 @@ from gnnserve.deploy.fog.cluster import FogCluster
 from gnnserve.deploy.fog.node import FogNode
 from gnnserve.deploy.fog.partition import build_fog_partitions
 from gnnserve.deploy.fog.planner import metis_parts
+from gnnserve.deploy.fog.profiler import rows_sent
 from gnnserve.errors import InvalidInputError
 from gnnserve.graph import open_graph_store
 from gnnserve.graph.base import GraphStore
@@ -102,6 +103,10 @@ def test_fog_rounds_equal_full_graph_inference(
             )
             halos = sum(r.halo for r in result.nodes)
             assert sum(r.bytes_sent for r in result.nodes) == halos * (F + 8) * 4
+            # each node's share: what the planner predicts the exchange from
+            sent = rows_sent(indptr, indices, membership, n) * (F + 8) * 4
+            by_rank = sorted(result.nodes, key=lambda r: r.rank)
+            assert [r.bytes_sent for r in by_rank] == sent.tolist()
         # new readings of some sensors, then a placement change: still exact
         fresh = _features(100 + n)
         changed = np.arange(0, N, 3)

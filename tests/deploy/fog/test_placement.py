@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from gnnserve.deploy.fog.placement import FogPlacement
-from gnnserve.deploy.fog.profiler import LatencyModel, cardinality
+from gnnserve.deploy.fog.profiler import LatencyModel, cardinality, rows_sent
 from gnnserve.features.codecs import pack
 from tests.deploy.fog.test_planner import _graph
 
@@ -62,3 +62,25 @@ def test_a_replan_after_a_load_change_moves_vertices_off_the_loaded_node() -> No
     assert np.bincount(new, minlength=2)[0] < sizes[0]
     assert placement.specs[0].model.eta == pytest.approx(4.0, rel=0.05)
     assert predicted.shape == (2,)
+
+
+def test_the_predicted_round_adds_the_boundary_exchange_over_the_fog_links() -> None:
+    """Per layer, the slowest sender's rows x width x 4 bytes over its link plus its delay;
+    summed over layers, added to the plan's bottleneck. Loopback (no links): nothing added."""
+    placement = _placement(None)
+    membership = placement.initial()
+    bare = placement.predicted_round_ms
+    assert bare is not None and placement.exchange_ms(membership) == 0.0
+    placement.widths = [F, 64]
+    placement.fog_links = [(125e6, 0.25), (12.5e6, 2.0)]  # lan and wifi, bytes/s and ms
+    sent = rows_sent(placement.indptr, placement.indices, membership, 2)
+    want = sum(
+        max(
+            sent[j] * w * 4 / rate * 1e3 + delay
+            for j, (rate, delay) in enumerate(placement.fog_links)
+        )
+        for w in (F, 64)
+    )
+    assert sent.min() > 0 and placement.exchange_ms(membership) == pytest.approx(want)
+    membership = placement.initial()
+    assert placement.predicted_round_ms == pytest.approx(bare + want)

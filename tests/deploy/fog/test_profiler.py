@@ -13,6 +13,7 @@ from gnnserve.deploy.fog.profiler import (
     fit_latency,
     halo_sizes,
     profile_cluster,
+    rows_sent,
     time_together,
 )
 from gnnserve.errors import InvalidInputError
@@ -31,6 +32,15 @@ def test_cardinality_and_halos_equal_a_plain_count() -> None:
         }
         assert halos[p] == len(want)
         assert cardinality(indptr, indices, np.array(sorted(members))) == (len(members), len(want))
+    sent = rows_sent(indptr, indices, membership, 3)  # what each part sends of others' halos
+    for p in range(3):
+        held = 0
+        for q in range(3):
+            theirs = np.flatnonzero(membership == q)
+            halo = {int(u) for v in theirs for u in indices[indptr[v] : indptr[v + 1]]}
+            held += sum(1 for u in halo if membership[u] == p and q != p)
+        assert sent[p] == held
+    assert sent.sum() == halos.sum()
 
 
 def test_fit_recovers_each_nodes_model_and_eta_rescales_it() -> None:

@@ -102,7 +102,8 @@ class FogNode:
         self.receiver.expect(groups)
 
     def _apply(self, start: int, values: np.ndarray) -> None:
-        self.features[start : start + values.shape[0]] = torch.from_numpy(values.copy())
+        # the receiver's own gathered rows (writable, never reused): no copy needed
+        self.features[start : start + values.shape[0]] = torch.from_numpy(values)
 
     def pid(self) -> int:
         """This node's process id (for its CPU quota)."""

@@ -17,7 +17,7 @@ import numpy as np
 
 from gnnserve.deploy.fog.planner import ExecutionPlan, FogSpec, metis_parts, plan
 from gnnserve.deploy.fog.profile_cache import Profile
-from gnnserve.deploy.fog.profiler import halo_sizes, profile_cluster
+from gnnserve.deploy.fog.profiler import halo_sizes, profile_cluster, rows_sent
 from gnnserve.deploy.fog.upload import PACKERS, codec_id
 
 log = logging.getLogger(__name__)
@@ -48,7 +48,11 @@ class FogPlacement:
         self.layers, self.assign, self.weighted, self.seed = layers, assign, weighted_parts, seed
         self.specs: list[FogSpec] = []
         self.vertex_ms = np.empty(0)  # each node's compute ms per vertex
-        self.predicted_round_ms: float | None = None  # the start-up plan's round time (Eq. 8)
+        self.predicted_round_ms: float | None = None  # the start-up plan's round time
+        # the boundary exchange: each layer's input width, and each node's fog link (bytes/s,
+        # one-way ms) where links carry it (None: loopback, not predicted)
+        self.widths: list[int] = []
+        self.fog_links: list[tuple[float, float]] | None = None
 
     def profile(
         self,
@@ -121,12 +125,34 @@ class FogPlacement:
             parts=self.parts(phi),
         )
 
+    def exchange_ms(self, membership: np.ndarray) -> float:
+        """ms of a round's boundary exchanges on ``membership``, which Eq. 8 leaves out: in
+        each layer every node sends the rows other nodes hold as halo (the layer's input width
+        x 4 bytes each) over its fog link, and the layer goes on once the slowest sender is
+        done. 0 without fog links (loopback)."""
+        if self.fog_links is None or not self.widths:
+            return 0.0
+        sent = rows_sent(self.indptr, self.indices, membership, len(self.fog_links))
+        rate = np.array([r for r, _ in self.fog_links], float)
+        delay = np.array([d for _, d in self.fog_links], float)
+        return float(sum(np.max(sent * (4.0 * w) / rate * 1e3 + delay) for w in self.widths))
+
     def initial(self) -> np.ndarray:
-        """Algorithm 1 on the profiled nodes: the membership (fog of each vertex)."""
+        """Algorithm 1 on the profiled nodes: the membership (fog of each vertex). The
+        predicted round adds the boundary exchange (:meth:`exchange_ms`) to Eq. 8's
+        bottleneck of upload + compute."""
         placed = self._plan()
-        self.predicted_round_ms = placed.bottleneck_ms
+        exchange = self.exchange_ms(placed.membership)
+        self.predicted_round_ms = placed.bottleneck_ms + exchange
         predicted = np.round(placed.predicted_ms, 1).tolist()
-        log.info("fog plan (%s): predicted %s ms", self.assign, predicted)
+        log.info(
+            "fog plan (%s): predicted %s ms upload + compute per node, %.1f ms of boundary "
+            "exchange: a round of %.1f ms",
+            self.assign,
+            predicted,
+            exchange,
+            self.predicted_round_ms,
+        )
         return placed.membership
 
     def replan(self, membership: np.ndarray, times: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -61,6 +61,20 @@ def halo_sizes(
     return np.bincount(pairs // max(membership.size, 1), minlength=parts).astype(np.int64)
 
 
+def rows_sent(
+    indptr: np.ndarray, indices: np.ndarray, membership: np.ndarray, parts: int
+) -> np.ndarray:
+    """int64 [parts]: per part, the rows it sends in each layer's boundary exchange: its
+    vertices that another part holds as halo, once per part that holds them."""
+    membership = np.asarray(membership, np.int64)
+    n = membership.size
+    dst = np.repeat(np.arange(n), np.diff(indptr))
+    src = np.asarray(indices, np.int64)
+    cross = membership[src] != membership[dst]
+    pairs = np.unique(membership[dst[cross]] * n + src[cross])
+    return np.bincount(membership[pairs % max(n, 1)], minlength=parts).astype(np.int64)
+
+
 def cardinality(indptr: np.ndarray, indices: np.ndarray, vertices: np.ndarray) -> tuple[int, int]:
     """(|V|, |N_V|) of the vertex set ``vertices`` (distinct ids)."""
     n = indptr.size - 1

@@ -192,6 +192,7 @@ class FogService:
                     self.slot = claim_slot()
                 self._open_links(support.netem)
                 self.fabric = self._fabric(support.netem)
+                self._plan_exchange(model)
             with self.startup("fog processes"):
                 self.cluster = FogCluster(
                     model, graph, self.features, blocks, self.world, fabric=self.fabric,
@@ -230,6 +231,15 @@ class FogService:
         if not self.shaped or self.world == 1:
             return None
         return FogFabric(self._slot(), [FOG_LINKS[n.fog_link] for n in self.nodes], netem)
+
+    def _plan_exchange(self, model: GNN) -> None:
+        """What the planner needs to predict the boundary exchange: the layers' input widths
+        and, where a fabric shapes the fog links, their rates (bytes/s) and delays (ms)."""
+        config = model.config
+        self.placement.widths = [config.in_dim] + [config.hidden_dim] * (config.num_layers - 1)
+        if self.fabric is not None:
+            presets = [FOG_LINKS[n.fog_link] for n in self.nodes]
+            self.placement.fog_links = [(p.rate_mbit * 1e6 / 8, p.delay_ms) for p in presets]
 
     def _slot(self) -> int:
         assert self.slot is not None  # claimed whenever the testbed is on
