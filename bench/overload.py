@@ -33,6 +33,7 @@ import sys
 import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
 from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
@@ -68,50 +69,50 @@ SERVER_SHARE = 0.85
 
 
 # ---- load generator (runs in its own process: imports no torch) ---------------------------------
-def run_load(
-    url: str,
-    rate: float,
-    duration: float,
-    num_nodes: int,
-    timeout_ms: dict[int, float] | None,
-    seed: int,
-    sizes: tuple[int, ...],
-) -> dict[str, Any]:
-    """Open-loop Poisson load, each request of a size drawn from ``sizes`` with that size's
-    server timeout (``timeout_ms``); per request: its size, HTTP status (-1: client error)
-    and latency (ms)."""
-    return asyncio.run(_open_loop(url, rate, duration, num_nodes, timeout_ms, seed, sizes))
+@dataclass(frozen=True)
+class LoadStep:
+    """One open-loop step: Poisson arrivals at ``rate`` per second for ``duration`` s, each
+    request of a size drawn from ``sizes`` (random nodes below ``num_nodes``) with that size's
+    server timeout (``timeout_ms``; None: none)."""
+
+    url: str
+    rate: float
+    duration: float
+    num_nodes: int
+    timeout_ms: dict[int, float] | None
+    seed: int
+    sizes: tuple[int, ...]
 
 
-async def _open_loop(
-    url: str,
-    rate: float,
-    duration: float,
-    num_nodes: int,
-    timeout_ms: dict[int, float] | None,
-    seed: int,
-    sizes: tuple[int, ...],
-) -> dict[str, Any]:
+def run_load(step: LoadStep) -> dict[str, Any]:
+    """Run ``step``; per request: its size, HTTP status (-1: client error) and latency (ms)."""
+    return asyncio.run(_open_loop(step))
+
+
+async def _open_loop(step: LoadStep) -> dict[str, Any]:
     from gnnserve import loadgen
 
-    rng = np.random.default_rng(seed + 1)
-    n = max(1, int(rate * duration))
-    size = rng.choice(np.asarray(sizes), n)
+    rng = np.random.default_rng(step.seed + 1)
+    n = max(1, int(step.rate * step.duration))
+    size = rng.choice(np.asarray(step.sizes), n)
     # encoded up front: the client's own JSON encoding would be measured as send lag
-    bodies = [json.dumps({"nodes": rng.integers(0, num_nodes, k).tolist()}).encode() for k in size]
+    bodies = [
+        json.dumps({"nodes": rng.integers(0, step.num_nodes, k).tolist()}).encode() for k in size
+    ]
     headers = None
-    if timeout_ms is not None:
-        by_size = {k: {HEADER: f"{ms:.1f}"} for k, ms in timeout_ms.items()}
+    if step.timeout_ms is not None:
+        by_size = {k: {HEADER: f"{ms:.1f}"} for k, ms in step.timeout_ms.items()}
         headers = lambda i: by_size[int(size[i])]  # noqa: E731
     report = await loadgen.open_loop(
-        url, bodies.__getitem__, rate, duration, seed, 1024, headers, timeout_s=60.0
-    )
+        step.url, bodies.__getitem__, step.rate, step.duration, step.seed, 1024, headers,
+        timeout_s=60.0,
+    )  # fmt: skip
     return {
         "size": size.tolist(),
         "status": report.statuses.tolist(),
         "latency_ms": report.answer_ms.tolist(),
         "lag_ms": report.send_lag_ms.tolist(),
-        "duration_s": duration,  # the window the requests were sent in
+        "duration_s": step.duration,  # the window the requests were sent in
     }
 
 
@@ -199,8 +200,11 @@ class Experiment:
         header_ms = None
         if self.timeout_ms is not None:
             header_ms = {k: SERVER_SHARE * ms for k, ms in self.timeout_ms.items()}
-        args = (self.url, rate, duration or self.step_s, self.num_nodes, header_ms, self.seed)
-        raw = self.pool.submit(run_load, *args, self.sizes).result()
+        step = LoadStep(
+            self.url, rate, duration or self.step_s, self.num_nodes, header_ms, self.seed,
+            self.sizes,
+        )  # fmt: skip
+        raw = self.pool.submit(run_load, step).result()
         row = summarize(raw, rate, self.timeout_ms)
         print(_line(row), flush=True)
         for k, part in row["by_size"].items():
