@@ -161,6 +161,22 @@ def test_stale_misdirected_and_repeated_uploads_are_refused_and_the_round_keeps_
         receiver.close()
 
 
+def test_a_large_refused_upload_still_hears_why() -> None:
+    """A stale round of 19 MB, refused at its first chunk: the receiver reads the rest before
+    closing, so the sender gets the reason, not a reset connection."""
+    rows = 200_000
+    receiver = Receiver("127.0.0.1", lambda s, v: None, {0: (0, rows)}, width=F)
+    values = np.ones((rows, F), np.float32)
+    address = ("127.0.0.1", receiver.port)
+    try:
+        send_round(address, 1, values, chunks=8, timeout_s=30)
+        receiver.wait(1, timeout_s=30)
+        with pytest.raises(UploadRefusedError, match="round 1 is stale"):
+            send_round(address, 1, values, chunks=8, timeout_s=30)
+    finally:
+        receiver.close()
+
+
 def test_an_upload_to_a_peer_that_is_not_a_receiver_is_an_error() -> None:
     """A peer that takes the bytes and closes without the receiver's answer."""
     server = socket.create_server(("127.0.0.1", 0))

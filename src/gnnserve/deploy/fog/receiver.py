@@ -29,6 +29,7 @@ log = logging.getLogger(__name__)
 
 ROUNDS_AHEAD = 4  # rounds a group may upload beyond the next one the fog will run
 REFUSALS_KEPT = 32  # the latest refusal reasons kept for inspection
+DRAIN_S = 30.0  # how long a refused sender's remaining bytes are read (and dropped)
 
 
 @dataclass(frozen=True)
@@ -263,6 +264,7 @@ class Receiver:
                 self._failure = reason
             self._cond.notify_all()
         _answer(conn, {"ok": False, "error": reason})
+        _drain(conn)
 
     def _complete(self, round_id: int) -> bool:
         return set(self._rounds.get(round_id, {})) >= set(self._groups)
@@ -299,6 +301,15 @@ class Receiver:
     def close(self) -> None:
         """Stop accepting."""
         self._server.close()
+
+
+def _drain(conn: socket.socket) -> None:
+    """Read and drop what the sender still sends (up to ``DRAIN_S``), so that closing does not
+    reset the connection before the sender has read why its upload was refused."""
+    with contextlib.suppress(OSError):
+        conn.settimeout(DRAIN_S)
+        while conn.recv(1 << 20):
+            pass
 
 
 def _answer(conn: socket.socket, ack: dict[str, object]) -> None:
