@@ -164,8 +164,8 @@ def test_ingest_takes_csv_files_without_edges_or_without_features(
     features.write_text(
         f"op,src,dst,node,{header}\nupsert_features,,,3,{width}\nadd_node,,,,{width}\n"
     )
-    edges = tmp_path / "edges.csv"
-    edges.write_text(f"op,src,dst,{header}\nadd_edge,4,5{',' * 16}\nadd_edge,6,5{',' * 16}\n")
+    edges = tmp_path / "edges.csv"  # 6.0: a whole number written as a float is an id
+    edges.write_text(f"op,src,dst,{header}\nadd_edge,4,5{',' * 16}\nadd_edge,6.0,5{',' * 16}\n")
     for path in (features, edges):
         assert main(["ingest", str(path), "--url", server, "--quiet"]) == 0, capsys.readouterr()
     assert {4, 6} <= set(_in(server, 5))

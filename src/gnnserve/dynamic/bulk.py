@@ -196,6 +196,9 @@ def _read_csv(pa: Any, path: str | Path) -> Any:
     for name in ("src", "dst", "node"):
         if name in table.column_names:
             _check_csv_ids(pa, path, table.column(name), name)
+            if pa.types.is_floating(table.column(name).type):  # whole numbers written 3.0
+                index = table.column_names.index(name)
+                table = table.set_column(index, name, table.column(name).cast(pa.int64()))
     for name in feats:
         _check_csv_numbers(pa, path, table.column(name), name)
     if not feats:
@@ -244,7 +247,7 @@ def _check_csv_ids(pa: Any, path: str | Path, column: Any, name: str) -> None:
         whole = pc.equal(values, pc.floor(values))
         bad = np.flatnonzero(~pc.fill_null(whole, True).to_numpy(zero_copy_only=False))
         if bad.size == 0:
-            return  # 3.0: an integer written as a float
+            return  # 3.0: a whole number written as a float (the caller casts it)
         row, text = int(bad[0]), str(values[int(bad[0])].as_py())
     else:
         row, text = _first_row_not(pa, column, _INTEGER)

@@ -60,9 +60,9 @@ def _batch_header(meta: bytes) -> tuple[int, int | None]:
     return kind, None if data_at is None else _follow(meta, data_at)
 
 
-def _batch_size(meta: bytes, body: bytes) -> tuple[int, int]:
+def _batch_size(meta: bytes, body: Any) -> tuple[int, int]:
     """(rows, decoded bytes) of one batch message (a dictionary's values are bytes, not
-    rows)."""
+    rows); ``body``: any buffer (a pyarrow Buffer is read in place)."""
     kind, batch = _batch_header(meta)
     if batch is None:
         return 0, 0
@@ -98,7 +98,7 @@ def stream_size(pa: Any, data: bytes) -> StreamSize:
                 break
             if message is None:
                 break
-            body = b"" if message.body is None else message.body.to_pybytes()
+            body = b"" if message.body is None else message.body  # read in place: no copy
             batch_rows, batch_bytes = _batch_size(message.metadata.to_pybytes(), body)
             rows, decoded = rows + batch_rows, decoded + batch_bytes
     except (pa.ArrowException, OSError, struct.error, IndexError, ValueError) as exc:
