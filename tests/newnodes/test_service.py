@@ -138,3 +138,13 @@ def test_shared_admission_bound_and_refusals(pe_store: Path, small_ckpt: Path) -
     with pytest.raises(MissingEmbeddingsError) as err:
         bare.submit(new_request(pe_store))
     assert err.value.field == "new_nodes"
+
+
+def test_only_base_store_pes_are_caught_up_with_a_log() -> None:
+    """A version names a batch count, not its log: PEs at batch 3 of some log must not pass
+    for batch 3 of another and be caught up from there."""
+    from gnnserve.newnodes.service import base_version
+
+    assert base_version("abc", "abc.5") and base_version("abc.0", "abc.5")
+    assert not base_version("abc.3", "abc.5") and not base_version("abd", "abc.5")
+    assert not base_version("abc", "abc")  # a fixed store has no log

@@ -119,8 +119,8 @@ def _refresher(
     config: ServeConfig, model: GNN, store: DynamicStore, pes: EmbeddingStore | None
 ) -> PeRefresher | None:
     """The background PE refresher over ``store`` when PEs are served and it is on (the PEs
-    copied into memory chunks). PEs of an earlier version (load_embeddings checked they are of
-    this base store and model) are first brought up to the replayed log's version."""
+    copied into memory chunks). PEs of the base store (load_embeddings checked the store and
+    model) are first brought up to the replayed log's version."""
     if pes is None or not config.embeddings.refresh:
         return None
     layers = [pes.layer(layer) for layer in range(1, pes.num_layers + 1)]

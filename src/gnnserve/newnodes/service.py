@@ -51,14 +51,13 @@ log = logging.getLogger(__name__)
 _STOP = object()  # closes the worker's queue
 
 
-def earlier_version(pe_version: str, version: str) -> bool:
-    """Whether ``pe_version`` (``<checksum>`` or ``<checksum>.<k>``) is a version of the same
-    base store as ``version`` (``<checksum>.<n>``) no later than it."""
-    base, _, seq = version.rpartition(".")
-    pe_base, _, pe_seq = pe_version.rpartition(".")
-    if pe_version == base:
-        return True
-    return pe_base == base and pe_seq.isdigit() and seq.isdigit() and int(pe_seq) <= int(seq)
+def base_version(pe_version: str, version: str) -> bool:
+    """Whether ``pe_version`` is the base store of ``version`` (``<checksum>.<n>``): PEs
+    computed before any logged batch (``<checksum>`` or ``<checksum>.0``). PEs at a later
+    batch are not: a version names a batch count, not the log it came from, so another log's
+    batch k would pass for this one's."""
+    base = version.rpartition(".")[0]
+    return bool(base) and pe_version in (base, f"{base}.0")
 
 
 def check_embeddings(
@@ -68,13 +67,13 @@ def check_embeddings(
 
     A store served with an update log and no batch applied yet (version ``<checksum>.0``) has
     the content of its base store, so PEs computed on the base store (``<checksum>``) match it.
-    ``catch_up`` (a PE refresher will bring them up to date): PEs of the same base store at an
-    earlier version of its log are accepted too.
+    ``catch_up`` (a PE refresher will bring them up to date from the replayed log): PEs of the
+    base store are accepted at any version of its log.
     """
     version = graph.version
     if graph.mutable and version == f"{pes.meta.graph_version}.0":
         version = pes.meta.graph_version
-    elif catch_up and graph.mutable and earlier_version(pes.meta.graph_version, version):
+    elif catch_up and graph.mutable and base_version(pes.meta.graph_version, version):
         pes.check(model_version, pes.meta.graph_version)  # the model must be this one
         if pes.meta.num_nodes > graph.num_nodes:
             raise StaleEmbeddingsError(
