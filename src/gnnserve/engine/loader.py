@@ -136,7 +136,11 @@ def _refresher(
         np.arange(done.first_new_node, store.graph.num_nodes, dtype=np.int64),
     )
     start = time.perf_counter()
-    refresher = PeRefresher(model, store, chunked, replayed=replayed)
+    try:
+        refresher = PeRefresher(model, store, chunked, replayed=replayed)
+    except Exception:  # noqa: BLE001 - serve existing nodes; new-node requests get 409
+        log.exception("precomputed embeddings could not be brought up to the replayed log")
+        return None
     log.info(
         "precomputed embeddings (version %s) brought up to the replayed log's %s in %.1f s",
         pes.meta.graph_version,
