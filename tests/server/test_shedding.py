@@ -173,7 +173,10 @@ def test_deadline_passed_in_the_pipeline_gets_504_without_compute(
         late = pool.submit(
             httpx.post, url, json={"nodes": [2]}, headers={"X-Timeout-Ms": "200"}, timeout=60
         )
-        time.sleep(0.6)  # its batch is sampled and fetched, then waits for the compute stage
+        # admitted (counted in flight) by now, so its 200 ms run from before this point: past
+        # them it has expired wherever it waits, however slowly the request reached the server
+        _wait_for(lambda: engine.admission.in_flight == 2)
+        time.sleep(0.3)
         gate.open.set()
         assert first.result().status_code == 200
         answer = late.result()
