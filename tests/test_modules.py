@@ -28,13 +28,3 @@ def test_module_imports(name: str) -> None:
     module = importlib.import_module(name)
     assert module.__name__ == name and module.__doc__, f"{name} has no docstring"
 
-
-def test_faas_instances_and_launchers_do_not_import_each_other() -> None:
-    """A cycle found by a review (instance -> launch -> instance, function-level imports
-    counted): the two share ``faas.resources`` instead."""
-    import grimp
-
-    graph = grimp.build_graph("gnnserve")
-    instance, launch = "gnnserve.deploy.faas.instance", "gnnserve.deploy.faas.launch"
-    assert graph.chain_exists(importer=launch, imported=instance)  # launch starts instances
-    assert not graph.chain_exists(importer=instance, imported=launch)
