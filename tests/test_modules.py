@@ -27,4 +27,3 @@ def test_the_walk_finds_the_package_tree() -> None:
 def test_module_imports(name: str) -> None:
     module = importlib.import_module(name)
     assert module.__name__ == name and module.__doc__, f"{name} has no docstring"
-
