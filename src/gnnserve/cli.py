@@ -22,9 +22,8 @@ if TYPE_CHECKING:
     from gnnserve.config import ServeConfig
 
 
-LIST_FLAGS = frozenset(
-    {"--fanouts", "--eval-fanouts"}
-)  # options whose value may start with a minus: -1,-1
+# options whose value may start with a minus: --fanouts -1,-1
+LIST_FLAGS = frozenset({"--fanouts", "--eval-fanouts"})
 
 # One row per ``gnnserve serve`` flag: (flag, dotted ServeConfig key). The type, choices, help
 # and default shown come from the config field (its annotation and ``Field(description=...)``),

@@ -103,7 +103,8 @@ def _refusal(reply: httpx.Response, done: int) -> str:
         return f"HTTP {reply.status_code}: {reply.text[:200]}"
     error = body.get("error") if isinstance(body, dict) else None
     error = error if isinstance(error, dict) else {"message": str(error or reply.text[:200])}
-    first = [f"row {done + e['index']}: {e['message']}" for e in body.get("errors", [])[:5]]
+    errors = body.get("errors", []) if isinstance(body, dict) else []
+    first = [f"row {done + e['index']}: {e['message']}" for e in errors[:5]]
     detail = "; ".join(first) if first else str(error.get("message"))
     return f"HTTP {reply.status_code} ({error.get('kind', 'error')}): {detail}"
 

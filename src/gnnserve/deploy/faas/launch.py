@@ -42,6 +42,11 @@ class InstanceDiedError(GnnServeError):
     kind = "instance_died"
 
 
+class KilledForMemoryError(InstanceDiedError):
+    """The instance process was killed by the kernel for memory (its memory cgroup counted
+    the kill)."""
+
+
 class InstanceHandle(abc.ABC):
     """One running (or starting) instance, as a pool sees it."""
 

@@ -25,7 +25,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-from gnnserve.deploy.faas.launch import InstanceDiedError, InstanceHandle
+from gnnserve.deploy.faas.launch import InstanceDiedError, InstanceHandle, KilledForMemoryError
 from gnnserve.deploy.faas.scheduler import Launch, Run, Scheduler, Stop
 from gnnserve.errors import GnnServeError, NeedsMoreMemoryError, WorkerFailedError
 
@@ -227,7 +227,7 @@ class FunctionPool:
         inst = self._instances.get(instance)
         if inst is not None and inst.handle.oom_kills():
             self.stats.oom_kills += 1
-            cause = InstanceDiedError(
+            cause = KilledForMemoryError(
                 f"killed for memory: over its --memory-mb limit ({self._memory_gb * 1024:.0f} MB)",
                 "instance",
             )
@@ -251,7 +251,7 @@ class FunctionPool:
     def _died_twice(self, cause: BaseException) -> GnnServeError:
         """The error of a request whose second instance died too: a memory kill says the
         request needs more memory (retrying cannot help), anything else asks for a retry."""
-        if "killed for memory" in str(cause):
+        if isinstance(cause, KilledForMemoryError):
             return NeedsMoreMemoryError(
                 f"the {self.name} instances running this request were killed for memory twice: "
                 f"it needs more than --memory-mb {self._memory_gb * 1024:.0f} MB (runtime and "

@@ -330,16 +330,16 @@ class FogService:
     def _start_groups(self) -> None:
         """Tell every fog which groups upload which rows, then start (or re-aim) the device
         groups (none with gateways: :meth:`gateway_plan` says what they upload, where)."""
+        where = self._regions()
         expected: list[dict[int, tuple[int, int]]] = [{} for _ in range(self.world)]
-        for group, (fog, vertices, offset) in enumerate(self._regions()):
+        for group, (fog, vertices, offset) in enumerate(where):
             expected[fog][group] = (offset, int(vertices.size))
         self.cluster.expect_uploads(expected)
         if self.gateways:
             return
         if self.fleet is not None:  # a re-placement
-            self.fleet.replace(self._regions())
+            self.fleet.replace(where)
             return
-        where = self._regions()
         links = [self.links[fog] for fog, _, _ in where]
         hosts = [self._host(fog) for fog, _, _ in where]
         self.fleet = DeviceFleet(
