@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-dev
 TORCH_PIN := torch==2.13.0
 
-.PHONY: demo test test-fast pytest pytest-warm warm-kernels lint typecheck docs install bench bench-quick bench-overload clean
+.PHONY: proto demo test test-fast pytest pytest-warm warm-kernels lint typecheck docs install bench bench-quick bench-overload clean
 
 # uv installs into the venv: 32 s for torch and the dev extras, bytecode compiled (this machine
 # sets PYTHONDONTWRITEBYTECODE), where pip took 74 s. The local wheel directory (this machine's
@@ -28,6 +28,11 @@ install: $(STAMP)
 
 demo: $(STAMP)
 	$(BIN)/gnnserve demo
+
+# The gRPC messages' descriptor set, from the .proto (the server loads it: server/oip_grpc.py).
+PROTO_DIR := src/gnnserve/server/proto
+proto: $(STAMP)
+	$(BIN)/python -m grpc_tools.protoc -I$(PROTO_DIR) --descriptor_set_out=$(PROTO_DIR)/grpc_predict_v2.binpb $(PROTO_DIR)/grpc_predict_v2.proto
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench

@@ -34,6 +34,7 @@ SERVE_FLAGS: tuple[tuple[str, str], ...] = (
     ("--model", "model_path"),
     ("--host", "server.host"),
     ("--port", "server.port"),
+    ("--grpc-port", "server.grpc_port"),
     ("--name", "server.model_name"),
     ("--fanouts", "sampler.fanouts"),
     ("--graph-backend", "store.graph_backend"),
@@ -195,7 +196,9 @@ def run_serve(args: argparse.Namespace) -> int:
     app = create_app(engine, s.model_name, api_keys=keys)
     print(
         f"gnnserve: serving {config.model_path} on {config.store.path or config.deploy.remote} "
-        f"at http://{s.host}:{s.port} as model {s.model_name!r}"
+        f"at http://{s.host}:{s.port}"
+        f"{f' and grpc://{s.host}:{s.grpc_port}' if s.grpc_port is not None else ''}"
+        f" as model {s.model_name!r}"
         f"{' with API keys' if keys is not None else ''}",
         flush=True,
     )

@@ -222,6 +222,13 @@ class ServerConfig(_Strict):
 
     host: str = Field("127.0.0.1", description="bind address")
     port: int = Field(8000, ge=0, le=65535, description="port (0 = any free port)")
+    grpc_port: int | None = Field(
+        None,
+        ge=0,
+        le=65535,
+        description="also serve the Open Inference Protocol over gRPC on this port (0 = any "
+        "free port; null = no gRPC)",
+    )
     model_name: str = Field("default", description="model name in the API (/v2/models/{name})")
     log_level: str = "warning"
     max_body_bytes: int | None = Field(

@@ -9,6 +9,7 @@ import torch
 
 from gnnserve.engine.loader import build_engine  # noqa: F401  (import check of the server path)
 from tests.server.conftest import MAX_NODES
+from tests.server.errors import error_of
 
 
 def test_predict_answers_with_versions_and_timings(live_server: str) -> None:
@@ -92,7 +93,7 @@ BAD_PREDICT = [
 def test_bad_predict_bodies_get_4xx_naming_the_field(live_server, body, status, field) -> None:
     r = httpx.post(f"{live_server}/v1/predict", json=body)
     assert r.status_code == status, r.text
-    err = r.json()["error"]
+    err = error_of(r)
     assert err["field"] == field and err["message"]
     assert httpx.post(f"{live_server}/v1/predict", json={"nodes": [1]}).status_code == 200
 
@@ -103,7 +104,7 @@ def test_malformed_json_is_400(live_server: str, raw: bytes) -> None:
         f"{live_server}/v1/predict", content=raw, headers={"content-type": "application/json"}
     )
     assert r.status_code == 400, r.text
-    assert r.json()["error"]["kind"] == "invalid_input"
+    assert error_of(r)["kind"] == "invalid_input"
     assert httpx.post(f"{live_server}/v1/predict", json={"nodes": [1]}).status_code == 200
 
 
@@ -125,7 +126,7 @@ def _infer(
 @pytest.mark.parametrize(
     ("model", "body", "status", "field"),
     [
-        ("sage", _infer([1, 2], [3]), 400, "inputs"),
+        ("sage", _infer([1, 2], [3]), 400, "node_ids"),  # 2 values, shape [3]
         ("sage", _infer([1], [1], "FP32"), 400, "inputs"),
         ("sage", _infer([1], [1], name="x"), 400, "inputs"),
         ("sage", _infer([5000], [1]), 400, "node_ids"),
@@ -138,7 +139,7 @@ def _infer(
 def test_bad_infer_requests_get_4xx(live_server, model, body, status, field) -> None:
     r = httpx.post(f"{live_server}/v2/models/{model}/infer", json=body)
     assert r.status_code == status, r.text
-    assert r.json()["error"]["field"] == field
+    assert error_of(r)["field"] == field
     ok = httpx.post(f"{live_server}/v2/models/sage/infer", json=_infer([1], [1]))
     assert ok.status_code == 200
 
@@ -146,4 +147,4 @@ def test_bad_infer_requests_get_4xx(live_server, model, body, status, field) -> 
 def test_unknown_model_metadata_and_route(live_server: str) -> None:
     assert httpx.get(f"{live_server}/v2/models/other").status_code == 404
     r = httpx.get(f"{live_server}/v1/nothing")
-    assert r.status_code == 404 and r.json()["error"]["kind"] == "not_found"
+    assert r.status_code == 404 and error_of(r)["kind"] == "not_found"

@@ -14,6 +14,7 @@ from gnnserve.engine.loader import build_engine
 from gnnserve.fanouts import MAX_FANOUT
 from tests.engine.test_engine_newnodes import EDGES, FEATURES, NEW_EDGES, config
 from tests.server.conftest import serving
+from tests.server.errors import error_of
 
 NEW_NODES = {"features": FEATURES, "edges": EDGES, "new_edges": NEW_EDGES}
 NODES = [5, 17, 42, 100, 1999]
@@ -75,7 +76,7 @@ CASES = [
 def test_out_of_range_fanouts_are_400_naming_fanouts(sampled_server, path, body) -> None:
     r = httpx.post(f"{sampled_server}{path}", json=body, timeout=60)
     assert r.status_code == 400, r.text
-    err = r.json()["error"]
+    err = error_of(r)
     assert err["field"] == "fanouts" and err["kind"] == "invalid_input", err
     assert len(r.content) < 500
 
@@ -89,7 +90,7 @@ def test_infinite_fanout_in_oip_parameters_is_400(sampled_server) -> None:
         timeout=60,
     )
     assert r.status_code == 400, r.text
-    assert r.json()["error"]["field"] == "fanouts"
+    assert error_of(r)["field"] == "fanouts"
 
 
 def test_oip_node_ids_request_uses_its_fanouts(sampled_server) -> None:
@@ -125,7 +126,7 @@ def test_oip_node_ids_request_uses_its_fanouts(sampled_server) -> None:
 def test_oip_node_ids_request_refuses_other_parameters(sampled_server, parameters) -> None:
     r = httpx.post(f"{sampled_server}/v2/models/sage/infer", json=_oip([1], parameters), timeout=60)
     assert r.status_code == 400, r.text
-    err = r.json()["error"]
+    err = error_of(r)
     assert err["field"] == "parameters" and "fanouts" in err["message"], err
 
 
@@ -133,4 +134,4 @@ def test_oip_node_ids_request_refuses_other_parameters(sampled_server, parameter
 def test_oip_out_of_range_node_id_names_node_ids(sampled_server, node_ids) -> None:
     r = httpx.post(f"{sampled_server}/v2/models/sage/infer", json=_oip(node_ids), timeout=60)
     assert r.status_code == 400, r.text
-    assert r.json()["error"]["field"] == "node_ids"
+    assert error_of(r)["field"] == "node_ids"

@@ -16,6 +16,7 @@ from gnnserve.engine.loader import build_engine
 from tests.deploy.servers import metric
 from tests.engine.test_engine_newnodes import EDGES, FEATURES, NEW_EDGES, config, direct
 from tests.server.conftest import serving
+from tests.server.errors import error_of
 
 MAX_NEW = 8
 NEW_NODES = {"features": FEATURES, "edges": EDGES, "new_edges": NEW_EDGES}
@@ -112,7 +113,7 @@ BAD = [
 def test_bad_new_node_bodies_get_4xx_naming_the_field(pe_server, body, status, field) -> None:
     r = httpx.post(f"{pe_server}/v1/predict", json=body)
     assert r.status_code == status, r.text
-    err = r.json()["error"]
+    err = error_of(r)
     assert err["field"] == field and err["message"]
     assert _predict(pe_server, new_nodes=NEW_NODES).status_code == 200
 
@@ -145,7 +146,7 @@ def test_negative_seeds_draw_as_their_twos_complement(pe_server) -> None:
 def test_seeds_beyond_64_bits_are_400(pe_server, seed: int) -> None:
     r = _predict(pe_server, new_nodes=NEW_NODES, policy="random", seed=seed)
     assert r.status_code == 400, r.text
-    assert r.json()["error"]["field"] == "seed" and "64-bit" in r.json()["error"]["message"]
+    assert error_of(r)["field"] == "seed" and "64-bit" in error_of(r)["message"]
 
 
 def test_non_finite_features_are_400(pe_server) -> None:
@@ -154,8 +155,8 @@ def test_non_finite_features_are_400(pe_server) -> None:
         f"{pe_server}/v1/predict", content=body, headers={"content-type": "application/json"}
     )
     assert r.status_code == 400, r.text
-    assert r.json()["error"]["field"] == "new_nodes.features"
-    assert "NaN" in r.json()["error"]["message"]
+    assert error_of(r)["field"] == "new_nodes.features"
+    assert "NaN" in error_of(r)["message"]
 
 
 @pytest.mark.parametrize("output", ["label", "probs", "embedding"])
@@ -166,7 +167,7 @@ def test_non_finite_new_node_outputs_are_json_500(pe_server, output: str) -> Non
     new_nodes = _with(features=features)["new_nodes"]
     r = _predict(pe_server, new_nodes=new_nodes, output=output, mode="pe")
     assert r.status_code == 500 and r.headers["content-type"] == "application/json", r.text
-    err = r.json()["error"]
+    err = error_of(r)
     assert err["kind"] == "non_finite_output" and "node(s) [2]" in err["message"], err
     body = {
         "inputs": _oip_inputs(features),
@@ -174,15 +175,15 @@ def test_non_finite_new_node_outputs_are_json_500(pe_server, output: str) -> Non
         "parameters": {"mode": "pe"},
     }
     r = httpx.post(f"{pe_server}/v2/models/sage/infer", json=body)
-    assert r.status_code == 500 and r.json()["error"]["kind"] == "non_finite_output", r.text
+    assert r.status_code == 500 and error_of(r)["kind"] == "non_finite_output", r.text
     assert _predict(pe_server, new_nodes=NEW_NODES, output=output, mode="pe").status_code == 200
 
 
 def test_without_embeddings_new_nodes_get_409(live_server: str) -> None:
     r = _predict(live_server, new_nodes=NEW_NODES)
     assert r.status_code == 409, r.text
-    assert r.json()["error"]["kind"] == "no_embeddings"
-    assert "gnnserve precompute" in r.json()["error"]["message"]
+    assert error_of(r)["kind"] == "no_embeddings"
+    assert "gnnserve precompute" in error_of(r)["message"]
     assert _predict(live_server, nodes=[1]).status_code == 200
 
 
@@ -199,7 +200,7 @@ def test_graph_update_makes_new_node_requests_409_with_fixed_pes(
         assert r.status_code == 200, r.text
         stale = _predict(url, new_nodes=NEW_NODES)
         assert stale.status_code == 409, stale.text
-        err = stale.json()["error"]
+        err = error_of(stale)
         assert err["kind"] == "stale_embeddings" and "gnnserve precompute" in err["message"]
         assert _predict(url, nodes=[2]).json()["graph_version"] == r.json()["graph_version"]
 
@@ -301,7 +302,7 @@ OIP_BAD = [
 def test_bad_oip_new_node_requests_are_400(pe_server, body, field) -> None:
     r = httpx.post(f"{pe_server}/v2/models/sage/infer", json=body)
     assert r.status_code == 400, r.text
-    assert r.json()["error"]["field"] == field
+    assert error_of(r)["field"] == field
 
 
 def test_openapi_documents_new_nodes(pe_server) -> None:

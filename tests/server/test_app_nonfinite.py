@@ -20,6 +20,7 @@ from gnnserve.graph import open_graph_store
 from gnnserve.models.checkpoint import load_checkpoint
 from gnnserve.models.runner import ModelRunner
 from tests.server.conftest import serving
+from tests.server.errors import error_of
 
 DIM = 16
 OUTPUTS = ["label", "probs", "embedding"]
@@ -50,7 +51,7 @@ def _post(url: str, path: str, body: object) -> httpx.Response:
 def _assert_json_error(r: httpx.Response, status: int, kind: str) -> dict:
     assert r.status_code == status, r.text
     assert r.headers["content-type"] == "application/json", r.text
-    err = r.json()["error"]
+    err = error_of(r)
     assert err["kind"] == kind and err["message"]
     return err
 

@@ -16,6 +16,7 @@ from gnnserve import cli
 from gnnserve.demo import start_server, stop_server, wait_ready
 from gnnserve.ports import free_port
 from gnnserve.server.auth import ENV_VAR, is_loopback, load_api_keys, parse_api_keys
+from tests.server.errors import error_of
 
 READ = "read-token-0123456789abcdef"
 WRITE = "write-token-0123456789abcdef"
@@ -30,13 +31,15 @@ def _auth(token: str) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def secured(small_store: Path, small_ckpt: Path, tmp_path_factory) -> Iterator[tuple[str, Path]]:
-    """A server with API keys and an update log: (base URL, store path)."""
+def secured(
+    small_store: Path, small_ckpt: Path, tmp_path_factory
+) -> Iterator[tuple[str, Path, str]]:
+    """A server with API keys, an update log and gRPC: (base URL, store path, gRPC target)."""
     work = tmp_path_factory.mktemp("auth")
     keys = work / "keys.txt"
     keys.write_text(KEYS)
     keys.chmod(0o600)
-    port = free_port()
+    port, grpc_port = free_port(), free_port()
     proc = start_server(
         small_store,
         small_ckpt,
@@ -47,11 +50,13 @@ def secured(small_store: Path, small_ckpt: Path, tmp_path_factory) -> Iterator[t
         str(work / "updates.log"),
         "--name",
         "sage",
+        "--grpc-port",
+        str(grpc_port),
     )
     url = f"http://127.0.0.1:{port}"
     try:
         wait_ready(url, proc)
-        yield url, small_store
+        yield url, small_store, f"127.0.0.1:{grpc_port}"
     finally:
         stop_server(proc)
 
@@ -81,12 +86,12 @@ def _call(url: str, method: str, path: str, body: object, token: str | None) -> 
     ("method", "path", "body"), [*READ_ENDPOINTS, ("POST", "/v1/graph/updates", UPDATE)]
 )
 def test_no_token_or_unknown_token_is_401_json(secured, method, path, body) -> None:
-    url, _ = secured
+    url, _, _ = secured
     for token, error in ((None, None), ("not-a-known-token-at-all", "invalid_token")):
         r = _call(url, method, path, body, token)
         assert r.status_code == 401, r.text
         assert r.headers["content-type"] == "application/json"
-        assert r.json()["error"]["kind"] == "unauthorized"
+        assert error_of(r)["kind"] == "unauthorized"
         challenge = r.headers["www-authenticate"]
         assert challenge.startswith("Bearer") and (error is None or error in challenge)
         assert "token-0123" not in r.text
@@ -94,20 +99,20 @@ def test_no_token_or_unknown_token_is_401_json(secured, method, path, body) -> N
 
 @pytest.mark.parametrize(("method", "path", "body"), READ_ENDPOINTS[:-1])
 def test_read_token_reaches_the_read_endpoints(secured, method, path, body) -> None:
-    url, _ = secured
+    url, _, _ = secured
     for token in (READ, BOTH):
         r = _call(url, method, path, body, token)
         assert r.status_code == 200, (path, r.text)
     r = _call(url, method, path, body, WRITE)  # write does not imply read
-    assert r.status_code == 403 and r.json()["error"]["kind"] == "forbidden", r.text
+    assert r.status_code == 403 and error_of(r)["kind"] == "forbidden", r.text
     assert 'error="insufficient_scope"' in r.headers["www-authenticate"]
 
 
 def test_updates_need_the_write_scope(secured) -> None:
-    url, _ = secured
+    url, _, _ = secured
     r = httpx.post(f"{url}/v1/graph/updates", json=UPDATE, headers=_auth(READ), timeout=30)
     assert r.status_code == 403, r.text
-    assert r.json()["error"]["kind"] == "forbidden" and "write" in r.json()["error"]["message"]
+    assert error_of(r)["kind"] == "forbidden" and "write" in error_of(r)["message"]
     before = httpx.get(f"{url}/v1/graph/neighbors/4", headers=_auth(READ), timeout=30).json()
     assert 3 not in before["in_neighbors"]  # the refused update was not applied
     for token, src in ((WRITE, 3), (BOTH, 5)):
@@ -119,7 +124,7 @@ def test_updates_need_the_write_scope(secured) -> None:
 
 
 def test_probes_and_api_description_stay_open(secured) -> None:
-    url, _ = secured
+    url, _, _ = secured
     assert httpx.get(f"{url}/v2/health/live", timeout=30).json() == {"live": True}
     assert httpx.get(f"{url}/v2/health/ready", timeout=30).status_code == 200
     assert "/v1/predict" in httpx.get(f"{url}/openapi.json", timeout=30).json()["paths"]
@@ -127,7 +132,7 @@ def test_probes_and_api_description_stay_open(secured) -> None:
 
 def test_no_response_body_holds_a_server_path(secured) -> None:
     """Errors reachable over HTTP, answered to an authorised client, name no server path."""
-    url, store = secured
+    url, store, _ = secured
     new_nodes = {"features": [[0.0] * 16], "edges": [[0, 1]]}
     requests = [
         ("POST", "/v1/predict", {"new_nodes": new_nodes}),  # 409 no_embeddings
@@ -145,8 +150,8 @@ def test_no_response_body_holds_a_server_path(secured) -> None:
         assert str(store) not in r.text and tmp_root not in r.text, (path, r.text[:500])
         assert os.path.expanduser("~") not in r.text or os.path.expanduser("~") == "/"
     r = _call(url, "POST", "/v1/predict", {"new_nodes": new_nodes}, BOTH)
-    assert r.status_code == 409 and r.json()["error"]["kind"] == "no_embeddings", r.text
-    assert "gnnserve precompute" in r.json()["error"]["message"]
+    assert r.status_code == 409 and error_of(r)["kind"] == "no_embeddings", r.text
+    assert "gnnserve precompute" in error_of(r)["message"]
 
 
 # key files and the start-up checks ------------------------------------------------------------
@@ -231,3 +236,35 @@ def test_insecure_or_keys_or_loopback_pass_the_bind_check(tmp_path, capsys) -> N
         code, err = _serve(argv, capsys)
         assert code == 2 and "refusing" not in err and "store" in err, (argv, err)
     assert is_loopback("::1") and is_loopback("127.0.0.2") and not is_loopback("10.0.0.1")
+
+
+def test_grpc_needs_a_read_key_and_its_health_stays_open(secured) -> None:
+    """The same keys over gRPC (metadata ``authorization``): none or unknown is
+    UNAUTHENTICATED, a write-only key PERMISSION_DENIED, a read key answers; health is open."""
+    import numpy as np
+    import tritonclient.grpc as triton
+    from tritonclient.utils import InferenceServerException
+
+    _, _, target = secured
+    client = triton.InferenceServerClient(url=target)
+    assert client.is_server_live() and client.is_server_ready()
+    ids = triton.InferInput("node_ids", [1], "INT64")
+    ids.set_data_from_numpy(np.array([1], dtype=np.int64))
+    refused = [
+        (None, "UNAUTHENTICATED", "needs an API key"),
+        ("not-a-known-token-at-all", "UNAUTHENTICATED", "unknown API key"),
+        (WRITE, "PERMISSION_DENIED", "'read' scope"),
+    ]
+    for token, code, message in refused:
+        headers = None if token is None else {"authorization": f"Bearer {token}"}
+        for call in (
+            lambda h=headers: client.infer("sage", [ids], headers=h),
+            lambda h=headers: client.get_model_metadata("sage", headers=h),
+        ):
+            with pytest.raises(InferenceServerException) as info:
+                call()
+            assert info.value.status() == f"StatusCode.{code}", info.value
+            assert message in info.value.message() and "token-0123" not in str(info.value)
+    for token in (READ, BOTH):
+        result = client.infer("sage", [ids], headers={"authorization": f"Bearer {token}"})
+        assert result.as_numpy("label").shape == (1,)

@@ -38,6 +38,7 @@ from gnnserve.server.limits import (
 from gnnserve.server.schemas import PredictRequest
 from tests.engine.test_engine_newnodes import config
 from tests.server.conftest import serving
+from tests.server.errors import error_of
 
 LIMIT = 16 << 20  # --max-body-bytes of the process server
 MAX_NEW = 200_000
@@ -236,7 +237,7 @@ def test_long_names_and_fields_are_not_echoed_in_full(live_server: str) -> None:
         assert r.status_code == status, (path, r.text[:300])
         assert len(r.content) < SHORT, (path, r.text[:300])
         if field is not None:
-            assert r.json()["error"]["field"] == field
+            assert error_of(r)["field"] == field
     r = httpx.get(f"{live_server}/v2/models/{'n' * 8000}", timeout=30)
     assert r.status_code == 404 and len(r.content) < SHORT
 
@@ -281,7 +282,7 @@ def test_messages_stay_within_the_bound_and_cut_client_strings(
 ) -> None:
     r = httpx.post(f"{pe_server}{path}", json=body, timeout=30)
     assert r.status_code == 400, r.text[:300]
-    err = r.json()["error"]
+    err = error_of(r)
     assert err["field"] == field
     assert len(err["message"]) <= MAX_MESSAGE_CHARS, len(err["message"])
     longest_run = max((len(run) for run in err["message"].split("'")), default=0)

@@ -11,6 +11,7 @@ import pytest
 
 from gnnserve.demo import start_server, stop_server, wait_ready
 from gnnserve.ports import free_port
+from tests.server.errors import error_of
 
 pytestmark = pytest.mark.slow
 
@@ -52,15 +53,15 @@ def test_protocol_errors_disconnects_and_path_ids(
             for text in ("1_000", "+1", "%201", "1%20", "\u0661", "0x1", "99999999999999999999"):
                 r = httpx.get(f"{base}/v1/graph/neighbors/{text}", timeout=30)
                 assert r.status_code == 400, (text, r.text)
-                assert r.json()["error"]["field"] == "node", r.text
+                assert error_of(r)["field"] == "node", r.text
             r = httpx.get(f"{base}/v1/graph/neighbors/0001", timeout=30)
             assert r.status_code == 200 and r.json()["node"] == 1, r.text
             # 4. an OIP outputs list longer than the output kinds: refused by its length
             ids = {"name": "node_ids", "shape": [1], "datatype": "INT64", "data": [1]}
             body_json = {"inputs": [ids], "outputs": [{"name": "label"}] * 200_000}
             r = httpx.post(f"{base}/v2/models/default/infer", json=body_json, timeout=120)
-            assert r.status_code == 400 and r.json()["error"]["field"] == "outputs", r.text
-            assert "at most 3 items" in r.json()["error"]["message"], r.text
+            assert r.status_code == 400 and error_of(r)["field"] == "outputs", r.text
+            assert "at most 3 items" in error_of(r)["message"], r.text
             assert httpx.post(f"{base}/v1/predict", json={"nodes": [1]}).status_code == 200
         finally:
             assert stop_server(proc) == 0

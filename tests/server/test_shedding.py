@@ -34,13 +34,15 @@ def test_full_queue_answers_429_and_keeps_accepted_requests(
             "store.path": str(small_store),
             "model_path": str(small_ckpt),
             "admission.max_queue_requests": 2,
+            "server.grpc_port": 0,
         },
     )
     engine = build_engine(config)
     gate = _Gate(engine.runner)
     engine.runner = gate  # type: ignore[assignment]
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(engine), port=port, log_level="warning"))
+    app = create_app(engine)
+    server = uvicorn.Server(uvicorn.Config(app, port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     while not server.started:
@@ -56,6 +58,7 @@ def test_full_queue_answers_429_and_keeps_accepted_requests(
             refused = httpx.post(url, json={"nodes": [3]})
             assert refused.status_code == 429
             assert refused.json()["error"]["kind"] == "overloaded"
+            _assert_grpc_refused_as_overloaded(app.state.grpc_port)
             gate.event.set()
             assert [f.result().status_code for f in accepted] == [200, 200]
         assert httpx.post(url, json={"nodes": [3]}).status_code == 200
@@ -63,6 +66,24 @@ def test_full_queue_answers_429_and_keeps_accepted_requests(
         gate.event.set()
         server.should_exit = True
         thread.join(30)
+
+
+def _assert_grpc_refused_as_overloaded(port: int) -> None:
+    """A gRPC infer is shed as HTTP's is: UNAVAILABLE, saying the server is overloaded."""
+    import numpy as np
+    import tritonclient.grpc as triton
+    from tritonclient.utils import InferenceServerException
+
+    ids = triton.InferInput("node_ids", [1], "INT64")
+    ids.set_data_from_numpy(np.array([3], dtype=np.int64))
+    client = triton.InferenceServerClient(url=f"127.0.0.1:{port}")
+    try:
+        client.infer("default", [ids])
+    except InferenceServerException as exc:
+        assert exc.status() == "StatusCode.UNAVAILABLE", exc
+        assert "overloaded" in exc.message(), exc
+    else:
+        raise AssertionError("a gRPC infer was admitted beside a full queue")
 
 
 class _CountingGate:

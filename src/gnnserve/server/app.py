@@ -9,11 +9,12 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import gc
+import json
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from fastapi import FastAPI, Request
@@ -44,6 +45,7 @@ from gnnserve.server.limits import (
 )
 from gnnserve.server.looplag import LoopLag
 from gnnserve.server.metrics import ServerMetrics
+from gnnserve.server.oip_http import OipErrorShape, flat_error
 from gnnserve.server.schemas import (
     ErrorResponse,
     PredictRequest,
@@ -53,6 +55,9 @@ from gnnserve.server.schemas import (
 )
 from gnnserve.server.shedding import SheddingMiddleware
 from gnnserve.types import Result
+
+if TYPE_CHECKING:
+    from gnnserve.server.oip_grpc import OipGrpcServer
 
 log = logging.getLogger(__name__)
 
@@ -188,6 +193,32 @@ def _warm_up(engine: Engine) -> None:
     gc.freeze()
 
 
+async def _start_grpc(
+    app: FastAPI,
+    engine: Engine,
+    model_name: str,
+    metrics: ServerMetrics,
+    api_keys: ApiKeys | None,
+) -> OipGrpcServer | None:
+    """The gRPC front end on ``server.grpc_port`` when set (its port in app.state.grpc_port)."""
+    s = engine.config.server
+    if s.grpc_port is None:
+        return None
+    from gnnserve.server.oip_grpc import OipGrpcServer
+
+    server = OipGrpcServer(
+        engine,
+        model_name,
+        metrics,
+        app.state.oip_stats,
+        api_keys,
+        app.state.max_body_bytes,
+        oip.EXTENSIONS,
+    )
+    app.state.grpc_port = await server.start(s.host, s.grpc_port)
+    return server
+
+
 def create_app(
     engine: Engine, model_name: str = "default", api_keys: ApiKeys | None = None
 ) -> FastAPI:
@@ -213,9 +244,12 @@ def create_app(
         # start-up heap keeps later collections to what requests allocate.
         gc.collect()
         gc.freeze()
+        grpc_server = await _start_grpc(app, engine, model_name, metrics, api_keys)
         # after the port is bound: live answers at once, ready (503 until then) once warm
         warming = asyncio.create_task(asyncio.to_thread(_warm_up, engine))
         yield
+        if grpc_server is not None:  # HTTP has drained: now gRPC's calls in flight
+            await grpc_server.stop()
         await warming  # the engine must not close its stores under a running warm-up
         await loop_lag.stop()
         engine.stop()  # uvicorn has already finished in-flight requests: this drains the engine
@@ -229,6 +263,7 @@ def create_app(
     app.add_middleware(SheddingMiddleware, engine=engine, metrics=metrics, loop_lag=loop_lag)
     app.add_middleware(CountRequests, counts=app.state.requests)
     _limit_and_guard(app, engine, metrics, api_keys)
+    app.add_middleware(OipErrorShape)  # outermost: every /v2 error, auth's and limits' too
 
     @app.exception_handler(GnnServeError)
     async def _ours(_: Request, exc: GnnServeError) -> JSONResponse:
@@ -249,11 +284,15 @@ def create_app(
         return JSONResponse(body, status_code=exc.status_code)
 
     @app.exception_handler(Exception)
-    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         # a bug, not bad input: the JSON error body still, without the exception's text (it
-        # may hold server paths); Starlette re-raises after answering, so the log has the trace
+        # may hold server paths); Starlette re-raises after answering, so the log has the trace.
+        # This handler runs outside every middleware: it gives /v2 its error shape itself.
         metrics.errors.labels("internal").inc()
-        return error_response(internal_error(exc))
+        response = error_response(internal_error(exc))
+        if request.url.path.startswith("/v2"):
+            return JSONResponse(json.loads(flat_error(bytes(response.body))), status_code=500)
+        return response
 
     @app.post("/v1/predict", response_model=PredictResponse, responses=_ERRORS)
     async def predict(body: PredictRequest) -> JSONResponse:
@@ -308,6 +347,7 @@ def create_app(
         metrics.queue_depth.set(engine.queue_depth)
         return Response(metrics.render(), media_type="text/plain; version=0.0.4")
 
-    oip.add_routes(app, engine, model_name, metrics, _ERRORS)
+    app.state.oip_stats = oip.ModelStats()  # one count per model, HTTP and gRPC together
+    oip.add_routes(app, engine, model_name, metrics, _ERRORS, app.state.oip_stats)
     app.state.torch_threads = torch.get_num_threads()
     return app

@@ -137,18 +137,19 @@ class ErrorResponse(BaseModel):
 class InferTensor(BaseModel):
     """An Open Inference Protocol v2 input tensor (data flattened row-major).
 
-    Integer datatypes (INT64, ...) take integers only; FP32 takes numbers.
+    Integer datatypes (INT64, ...) take integers only; FP32 takes numbers. ``data`` is absent
+    when the tensor's bytes follow the JSON header (``parameters.binary_data_size``).
     """
 
     name: StrictStr
     shape: FailFast[StrictInt]
     datatype: StrictStr
-    data: FailFast[StrictInt | StrictFloat]
+    data: FailFast[StrictInt | StrictFloat] | None = None
     parameters: dict[str, object] | None = None
 
     @model_validator(mode="after")
     def _data_matches_datatype(self) -> InferTensor:
-        if self.datatype.upper().lstrip("U").startswith("INT"):
+        if self.data is not None and self.datatype.upper().lstrip("U").startswith("INT"):
             for i, value in enumerate(self.data):
                 if not isinstance(value, int):
                     raise ValueError(

@@ -1,0 +1,331 @@
+"""The Open Inference Protocol v2 over gRPC (``serve --grpc-port``), beside HTTP on one loop.
+
+KServe's ``inference.GRPCInferenceService`` (``server/proto/grpc_predict_v2.proto``): health,
+metadata and ``ModelInfer``, answered by the same engine with the same checks as HTTP
+(``server.oip_infer``), the same body limit (the largest message accepted), the same API keys
+(metadata ``authorization: Bearer <token>``, scope ``read``; the health RPCs are open), the same
+early shedding (admission asked before the request runs; the call's gRPC deadline is the
+request's deadline) and the same ``/metrics`` (endpoints ``grpc_infer`` and
+``grpc_infer_new_nodes``). Inputs come as ``raw_input_contents`` or typed contents; outputs
+always go out as ``raw_output_contents``. A request parameter ``fanouts`` may be a string
+("10,5"): a gRPC parameter cannot hold a list.
+
+The messages are built from the checked-in descriptor set, in a descriptor pool of their own,
+so that a process holding another copy of these message names (tritonclient's) loads both.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+from gnnserve.engine.admission import REQUEST, RequestContext
+from gnnserve.engine.engine import Engine
+from gnnserve.errors import (
+    GnnServeError,
+    InvalidInputError,
+    OverloadedError,
+    UnknownModelError,
+    echo,
+)
+from gnnserve.server import oip_infer
+from gnnserve.server.auth import ApiKeys, ForbiddenError, UnauthorizedError
+from gnnserve.server.metrics import ServerMetrics
+from gnnserve.server.oip import SERVER_NAME, SERVER_VERSION, ModelStats
+from gnnserve.server.oip_tensors import (
+    DATATYPES,
+    InferAnswer,
+    InferCall,
+    Tensor,
+    from_bytes,
+    from_values,
+)
+
+log = logging.getLogger(__name__)
+
+SERVICE = "inference.GRPCInferenceService"
+DESCRIPTORS = Path(__file__).with_name("proto") / "grpc_predict_v2.binpb"
+STOP_GRACE_S = 30.0  # in-flight calls finish within this when the server stops
+_CODES = {  # HTTP status of a GnnServeError -> gRPC status code
+    400: grpc.StatusCode.INVALID_ARGUMENT,
+    401: grpc.StatusCode.UNAUTHENTICATED,
+    403: grpc.StatusCode.PERMISSION_DENIED,
+    404: grpc.StatusCode.NOT_FOUND,
+    409: grpc.StatusCode.FAILED_PRECONDITION,
+    413: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    429: grpc.StatusCode.UNAVAILABLE,  # retry with back-off
+    503: grpc.StatusCode.UNAVAILABLE,
+    504: grpc.StatusCode.DEADLINE_EXCEEDED,
+}
+# typed contents field of each datatype (raw contents need none)
+_CONTENTS = {
+    "BOOL": "bool_contents",
+    "INT8": "int_contents",
+    "INT16": "int_contents",
+    "INT32": "int_contents",
+    "INT64": "int64_contents",
+    "UINT8": "uint_contents",
+    "UINT16": "uint_contents",
+    "UINT32": "uint_contents",
+    "UINT64": "uint64_contents",
+    "FP32": "fp32_contents",
+    "FP64": "fp64_contents",
+}
+
+
+def _message_classes() -> dict[str, Any]:
+    pool = descriptor_pool.DescriptorPool()
+    for file in descriptor_pb2.FileDescriptorSet.FromString(DESCRIPTORS.read_bytes()).file:
+        pool.Add(file)
+    names = [
+        f"{kind}{part}"
+        for kind in ("ServerLive", "ServerReady", "ModelReady", "ServerMetadata")
+        + ("ModelMetadata", "ModelInfer")
+        for part in ("Request", "Response")
+    ]
+    return {
+        n: message_factory.GetMessageClass(pool.FindMessageTypeByName(f"inference.{n}"))
+        for n in names
+    }
+
+
+MESSAGES = _message_classes()
+
+
+class OipGrpcServer:
+    """gRPC front end of one engine served as model ``model_name``."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        model_name: str,
+        metrics: ServerMetrics,
+        stats: ModelStats,
+        api_keys: ApiKeys | None,
+        max_message_bytes: int,
+        extensions: list[str],
+    ) -> None:
+        self.engine = engine
+        self.model_name = model_name
+        self.metrics = metrics
+        self.stats = stats
+        self.api_keys = api_keys
+        self.extensions = extensions
+        options = [
+            ("grpc.max_receive_message_length", max_message_bytes),
+            ("grpc.max_send_message_length", -1),
+            ("grpc.so_reuseport", 0),  # a port held by another server is an error, not shared
+        ]
+        self.server = grpc.aio.server(options=options)
+        self.server.add_generic_rpc_handlers((self._handlers(),))
+        self.port: int | None = None
+
+    async def start(self, host: str, port: int) -> int:
+        """Listen on ``host:port`` (0: a free port); the port bound."""
+        self.port = self.server.add_insecure_port(f"{host}:{port}")
+        await self.server.start()
+        log.info("gRPC (Open Inference Protocol) on %s:%d", host, self.port)
+        return self.port
+
+    async def stop(self) -> None:
+        """Refuse new calls, let those in flight finish (within STOP_GRACE_S)."""
+        await self.server.stop(STOP_GRACE_S)
+
+    def _handlers(self) -> grpc.GenericRpcHandler:
+        rpcs: dict[str, tuple[Callable[..., Awaitable[Any]], bool]] = {
+            "ServerLive": (self._live, False),
+            "ServerReady": (self._server_ready, False),
+            "ModelReady": (self._model_ready, True),
+            "ServerMetadata": (self._server_metadata, True),
+            "ModelMetadata": (self._model_metadata, True),
+            "ModelInfer": (self._infer, True),
+        }
+        handlers = {
+            name: grpc.unary_unary_rpc_method_handler(
+                self._guarded(fn, needs_key),
+                request_deserializer=MESSAGES[f"{name}Request"].FromString,
+                response_serializer=MESSAGES[f"{name}Response"].SerializeToString,
+            )
+            for name, (fn, needs_key) in rpcs.items()
+        }
+        return grpc.method_handlers_generic_handler(SERVICE, handlers)
+
+    def _guarded(
+        self, fn: Callable[..., Awaitable[Any]], needs_key: bool
+    ) -> Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]:
+        """``fn`` behind the API-key check, its GnnServeErrors turned into gRPC statuses."""
+
+        async def call(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            try:
+                if needs_key:
+                    self._check_key(context)
+                return await fn(request, context)
+            except GnnServeError as exc:
+                self.metrics.errors.labels(exc.kind).inc()
+                await context.abort(_CODES.get(exc.http_status, grpc.StatusCode.INTERNAL), str(exc))
+
+        return call
+
+    def _check_key(self, context: grpc.aio.ServicerContext) -> None:
+        if self.api_keys is None:
+            return
+        metadata = dict(context.invocation_metadata() or ())
+        header = metadata.get("authorization")
+        scheme, _, token = str(header or "").strip().partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            raise UnauthorizedError(
+                "this server needs an API key: send the metadata authorization: Bearer <token>",
+                "authorization",
+            )
+        scopes = self.api_keys.scopes_of(token.strip())
+        if scopes is None:
+            raise UnauthorizedError("unknown API key", "authorization")
+        if "read" not in scopes:
+            raise ForbiddenError("this API key lacks the 'read' scope this call needs")
+
+    def _check_model(self, name: str, version: str) -> None:
+        if name != self.model_name:
+            raise UnknownModelError(
+                f"unknown model {echo(name)}; serving {self.model_name!r}", "model_name"
+            )
+        if version and version != self.engine.runner.version:
+            raise UnknownModelError(
+                f"model {self.model_name!r} has no version {echo(version)}; serving version "
+                f"{self.engine.runner.version!r}",
+                "model_version",
+            )
+
+    def _ready(self) -> bool:
+        e = self.engine
+        return e.started and e.warm and not e.admission.closed
+
+    async def _live(self, _: Any, __: Any) -> Any:
+        return MESSAGES["ServerLiveResponse"](live=True)
+
+    async def _server_ready(self, _: Any, __: Any) -> Any:
+        return MESSAGES["ServerReadyResponse"](ready=self._ready())
+
+    async def _model_ready(self, request: Any, _: Any) -> Any:
+        self._check_model(request.name, request.version)
+        return MESSAGES["ModelReadyResponse"](ready=self._ready())
+
+    async def _server_metadata(self, _: Any, __: Any) -> Any:
+        return MESSAGES["ServerMetadataResponse"](
+            name=SERVER_NAME, version=SERVER_VERSION, extensions=self.extensions
+        )
+
+    async def _model_metadata(self, request: Any, _: Any) -> Any:
+        self._check_model(request.name, request.version)
+        meta = oip_infer.model_metadata(self.engine, request.name)
+        return MESSAGES["ModelMetadataResponse"](**meta)
+
+    async def _infer(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        self._check_model(request.model_name, request.model_version)
+        now = time.perf_counter()
+        remaining = context.time_remaining()
+        deadline = None if remaining is None else now + remaining
+        admission = self.engine.admission
+        retry_s = None if admission.closed else admission.would_refuse(deadline)
+        if retry_s is not None:
+            raise OverloadedError(
+                "server overloaded: the requests already admitted would not be answered within "
+                f"the queueing budget or this call's deadline; retry in {retry_s:.2f} s",
+                retry_after_s=retry_s,
+            )
+        ctx = RequestContext(now, deadline)
+        token = REQUEST.set(ctx)
+        ok = False
+        try:
+            answer = await oip_infer.run_infer(self.engine, to_call(request))
+            ok = True
+        finally:
+            REQUEST.reset(token)
+            elapsed_ns = int((time.perf_counter() - now) * 1e9)
+            self.stats.record(ok, elapsed_ns, int(answer.outputs[0].shape[0]) if ok else 0)
+        endpoint = "grpc_infer" if "new_nodes" not in answer.parameters else "grpc_infer_new_nodes"
+        self.metrics.requests.labels(endpoint).inc()
+        self.metrics.request_latency.labels(endpoint).observe(time.perf_counter() - now)
+        response = to_response(answer)
+        ctx.answered(time.perf_counter())
+        return response
+
+
+def _parameter(value: Any) -> Any:
+    kind = value.WhichOneof("parameter_choice")
+    return None if kind is None else getattr(value, kind)
+
+
+def _parameters(params: Any) -> dict[str, Any]:
+    out = {key: _parameter(value) for key, value in params.items()}
+    fanouts = out.get("fanouts")
+    if isinstance(fanouts, str):  # "10,5": a gRPC parameter holds no list
+        try:
+            out["fanouts"] = [int(part) for part in fanouts.split(",")]
+        except ValueError:
+            raise InvalidInputError(
+                f"fanouts must be comma-separated ints such as '10,5', got {echo(fanouts)}",
+                "fanouts",
+            ) from None
+    return out
+
+
+def to_call(request: Any) -> InferCall:
+    """The :class:`InferCall` of a ``ModelInferRequest`` (raw or typed input contents)."""
+    raw = list(request.raw_input_contents)
+    if raw and len(raw) != len(request.inputs):
+        raise InvalidInputError(
+            f"raw_input_contents holds {len(raw)} entries for {len(request.inputs)} inputs",
+            "raw_input_contents",
+        )
+    inputs: list[Tensor] = []
+    for i, t in enumerate(request.inputs):
+        shape = list(t.shape)
+        if raw:
+            inputs.append(from_bytes(t.name, t.datatype, shape, raw[i]))
+            continue
+        field = _CONTENTS.get(t.datatype)
+        if field is None:
+            raise InvalidInputError(
+                f"{echo(t.name)} datatype {echo(t.datatype)} is not one of {sorted(DATATYPES)}"
+                " (FP16 is sent as raw contents only)",
+                t.name,
+            )
+        values = np.asarray(getattr(t.contents, field))
+        inputs.append(from_values(t.name, t.datatype, shape, values))
+    outputs = [o.name for o in request.outputs]
+    return InferCall(
+        model=request.model_name,
+        inputs=inputs,
+        outputs=outputs,
+        parameters=_parameters(request.parameters),
+        id=request.id or None,
+        version=request.model_version or None,
+    )
+
+
+def to_response(answer: InferAnswer) -> Any:
+    """The ``ModelInferResponse`` of an answer: outputs as raw contents, in order."""
+    response = MESSAGES["ModelInferResponse"](
+        model_name=answer.model, model_version=answer.version, id=answer.id or ""
+    )
+    for key, value in answer.parameters.items():
+        param = response.parameters[key]
+        if isinstance(value, bool):
+            param.bool_param = value
+        elif isinstance(value, int):
+            param.int64_param = value
+        elif isinstance(value, float):
+            param.double_param = value
+        elif value is not None:
+            param.string_param = str(value)
+    for t in answer.outputs:
+        response.outputs.add(name=t.name, datatype=t.datatype, shape=list(t.shape))
+        response.raw_output_contents.append(t.as_bytes())
+    return response
