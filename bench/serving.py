@@ -22,6 +22,8 @@ JSON's ``rounds_completed`` says how many ran).
 
     python bench/serving.py            # full run: 3 rounds (< 10 min), results/serving.json
     python bench/serving.py --quick    # smoke run: 2 rounds, 1 s steps, serving_quick.json
+    python bench/serving.py --protocols  # one request over HTTP JSON, HTTP binary and gRPC
+                                         # (bench/serving_protocols.py), serving_protocols.json
 """
 
 from __future__ import annotations
@@ -276,7 +278,14 @@ def parse() -> argparse.Namespace:
     p.add_argument(
         "--no-fallback", action="store_true", help="skip the torch-sparse baseline beside it"
     )
+    p.add_argument(
+        "--protocols",
+        action="store_true",
+        help="only the per-call latency of one request over each protocol (no baseline)",
+    )
     args = p.parse_args()
+    if args.protocols:
+        return args
     args.threads = [int(t) for t in args.threads.split(",")]
     args.rounds = args.rounds or (2 if args.quick else 3)
     args.duration = 1.0 if args.quick else 4.0  # seconds per ladder step
@@ -288,6 +297,11 @@ def parse() -> argparse.Namespace:
 
 def main() -> None:
     opts = parse()
+    if opts.protocols:
+        import serving_protocols
+
+        serving_protocols.main(opts.quick)
+        return
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         session = Session(*fb100_sage(Path(tmp), "random init for the serving benchmark"), opts)
