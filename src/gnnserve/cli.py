@@ -158,12 +158,51 @@ def flag_arguments(flag: str, dotted: str) -> dict[str, Any]:
 def _serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="YAML ServeConfig; flags override it")
     for flag, dotted in SERVE_FLAGS:
-        p.add_argument(flag, **flag_arguments(flag, dotted))
+        kwargs = flag_arguments(flag, dotted)
+        if flag == MODEL_FLAG:  # repeated: one model per NAME=CKPT over the same graph
+            kwargs["action"] = "append"
+            kwargs["metavar"] = "[NAME=]CKPT"
+        p.add_argument(flag, **kwargs)
+
+
+MODEL_FLAG = "--model"
+_MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+
+
+def model_flags(values: list[str] | None) -> tuple[str | None, str | None, dict[str, str]]:
+    """(first checkpoint, its name or None, the other models by name) of ``--model`` values:
+    ``CKPT`` or ``NAME=CKPT``, every one after the first named. InvalidInputError naming
+    ``--model`` otherwise."""
+    from gnnserve.errors import InvalidInputError
+
+    if not values:
+        return None, None, {}
+    pairs = []
+    for i, value in enumerate(values):
+        name, sep, path = value.partition("=")
+        if sep and path and _MODEL_NAME.fullmatch(name):
+            pairs.append((name, path))
+        elif i == 0:  # the first may be a bare checkpoint directory, named by --name
+            pairs.append(("", value))
+        else:
+            raise InvalidInputError(
+                f"--model {value!r}: each model after the first is NAME=CKPT (NAME: letters, "
+                "digits, '_', '.', '-')",
+                MODEL_FLAG,
+            )
+    others: dict[str, str] = {}
+    for name, path in pairs[1:]:
+        if name in others or name == pairs[0][0]:
+            raise InvalidInputError(f"--model names {name!r} twice", MODEL_FLAG)
+        others[name] = path
+    first_name, first_path = pairs[0]
+    return first_path, first_name or None, others
 
 
 def serve_config(args: argparse.Namespace) -> ServeConfig:
     """The ServeConfig of ``gnnserve serve``: ``--config`` YAML, then the flags given."""
     from gnnserve.config import ServeConfig
+    from gnnserve.errors import InvalidInputError
     from gnnserve.fanouts import parse_fanouts
 
     overrides = {}
@@ -172,16 +211,28 @@ def serve_config(args: argparse.Namespace) -> ServeConfig:
         if isinstance(value, str) and _flag_type(config_field(dotted)) == list[int]:
             value = parse_fanouts(value, flag)
         overrides[dotted] = value
-    return ServeConfig.load(args.config, **overrides)
+    path, name, others = model_flags(overrides.get("model_path"))  # type: ignore[arg-type]
+    overrides["model_path"] = path
+    if name is not None:
+        if overrides.get("server.model_name") not in (None, name):
+            raise InvalidInputError(
+                f"--model {name}=... and --name {overrides['server.model_name']} name the same"
+                " model twice: give one",
+                MODEL_FLAG,
+            )
+        overrides["server.model_name"] = name
+    config = ServeConfig.load(args.config, **overrides)
+    config.models.update(others)
+    return config
 
 
 def run_serve(args: argparse.Namespace) -> int:
     """Load the store and model, then serve HTTP until SIGINT/SIGTERM (graceful)."""
     import uvicorn
 
-    from gnnserve.engine.loader import build_engine
     from gnnserve.server.app import create_app
     from gnnserve.server.auth import check_exposure, load_api_keys
+    from gnnserve.server.models import build_models
     from gnnserve.server.protocol import http_protocol
 
     config = serve_config(args)
@@ -192,13 +243,15 @@ def run_serve(args: argparse.Namespace) -> int:
         from gnnserve.deploy.ray import start_ray
 
         start_ray(config.store.feature_servers)
-    engine = build_engine(config)
-    app = create_app(engine, s.model_name, api_keys=keys)
+    models = build_models(config)
+    engine = models.base
+    app = create_app(engine, s.model_name, api_keys=keys, models=models)
     print(
         f"gnnserve: serving {config.model_path} on {config.store.path or config.deploy.remote} "
         f"at http://{s.host}:{s.port}"
         f"{f' and grpc://{s.host}:{s.grpc_port}' if s.grpc_port is not None else ''}"
         f" as model {s.model_name!r}"
+        f"{f' (and {sorted(config.models)})' if config.models else ''}"
         f"{' with API keys' if keys is not None else ''}",
         flush=True,
     )

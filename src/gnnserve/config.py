@@ -353,7 +353,16 @@ class ServeConfig(_Strict):
     """Everything `gnnserve serve` needs."""
 
     store: StoreConfig = StoreConfig()
-    model_path: str = Field("", description="checkpoint directory written by `gnnserve train`")
+    model_path: str = Field(
+        "",
+        description="checkpoint directory written by `gnnserve train` (repeat the flag as "
+        "NAME=CKPT to serve more models over the same graph: models)",
+    )
+    models: dict[str, str] = Field(
+        default_factory=dict,
+        description="more models served over the same graph: name -> checkpoint directory "
+        "(`serve --model NAME=CKPT` repeated; server.model_name names model_path's)",
+    )
     sampler: SamplerConfig = SamplerConfig()
     batcher: BatcherConfig = BatcherConfig()
     admission: AdmissionConfig = AdmissionConfig()

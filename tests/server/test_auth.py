@@ -21,7 +21,8 @@ from tests.server.errors import error_of
 READ = "read-token-0123456789abcdef"
 WRITE = "write-token-0123456789abcdef"
 BOTH = "both-token-0123456789abcdef"
-KEYS = f"# scopes token\nread {READ}\n\nwrite {WRITE}\nread,write {BOTH}\n"
+ADMIN = "admin-token-0123456789abcdef"
+KEYS = f"# scopes token\nread {READ}\n\nwrite {WRITE}\nread,write {BOTH}\nadmin {ADMIN}\n"
 UPDATE = {"ops": [{"op": "add_edge", "src": 3, "dst": 4}]}
 PREDICT = {"nodes": [1]}
 
@@ -162,8 +163,8 @@ def test_no_response_body_holds_a_server_path(secured) -> None:
     [
         ("", "no keys"),
         ("# only a comment\n", "no keys"),
-        (f"admin {READ}", "scopes"),
-        (f"read,admin {READ}", "scopes"),
+        (f"owner {READ}", "scopes"),
+        (f"read,root {READ}", "scopes"),
         (f"read {READ} extra", "expected"),
         (READ, "expected"),
         ("read short", "16+"),
@@ -268,3 +269,15 @@ def test_grpc_needs_a_read_key_and_its_health_stays_open(secured) -> None:
     for token in (READ, BOTH):
         result = client.infer("sage", [ids], headers={"authorization": f"Bearer {token}"})
         assert result.as_numpy("label").shape == (1,)
+
+
+def test_the_model_repository_needs_the_admin_scope(secured) -> None:
+    url, _, _ = secured
+    for token in (READ, WRITE, BOTH):
+        r = _call(url, "GET", "/v2/repository/index", None, token)
+        assert r.status_code == 403 and "'admin' scope" in r.json()["error"], r.text
+        r = _call(url, "POST", "/v2/repository/models/sage/unload", None, token)
+        assert r.status_code == 403, r.text
+    r = _call(url, "GET", "/v2/repository/index", None, ADMIN)
+    assert r.status_code == 200 and r.json()[0]["name"] == "sage", r.text
+    assert _call(url, "POST", "/v1/predict", PREDICT, ADMIN).status_code == 403  # not read

@@ -102,7 +102,7 @@ def test_errors_are_the_clients_exception_with_our_message(
         (lambda: client.infer("other", [_ids([1])]), "404", "unknown model 'other'"),
         (lambda: client.infer(MODEL, [_ids([10**9])]), "400", "node_ids"),
         (lambda: client.get_model_metadata(MODEL, model_version="9"), "404", "no version '9'"),
-        (lambda: client.get_model_repository_index(), "404", "model_configuration"),
+        (lambda: client.get_trace_settings(), "404", "model_repository"),
         (lambda: client.get_system_shared_memory_status(), "404", "not an endpoint"),
         (
             lambda: client.infer(MODEL, [_ids([1])], outputs=[triton.InferRequestedOutput("x")]),

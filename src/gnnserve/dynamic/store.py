@@ -175,6 +175,14 @@ class DynamicStore:
             spare.listeners.append(listener.clone())
             listener.follow(lambda: self._replicas.reading().listeners[k])
 
+    def unsubscribe(self, listener: UpdateListener | PublishListener) -> None:
+        """Stop reporting batches to a plain ``listener`` (a model's cache, when it unloads)."""
+        if isinstance(listener, ReplicatedListener):
+            raise TypeError("a replicated listener stays subscribed for the store's life")
+        with self._writer:
+            if listener in self._listeners:
+                self._listeners.remove(listener)
+
     def _replay(self, path: str | Path, base_version: str, truncate: bool) -> int:
         """Apply every logged batch after checking the log belongs to this base store;
         ``replay_changes`` sums up what they changed.

@@ -64,16 +64,23 @@ class Engine:
         embeddings: EmbeddingStore | None = None,
         embeddings_error: GnnServeError | None = None,
         refresher: PeRefresher | None = None,
+        planner: Planner | None = None,
+        owns_store: bool = True,
     ) -> None:
         self.config = config or ServeConfig()
         self.updates = updates  # the mutable store behind graph/features, when there is one
+        self.owns_store = owns_store  # False: another engine's (several models, one graph)
         self.graph = graph
-        profile = serving_profile(self.config, graph, runner.version)  # routing / SLO
         layers = runner.model.config.num_layers
-        self.planner = Planner(graph, self.config.sampler, layers, profile)
+        if planner is None:
+            profile = serving_profile(self.config, graph, runner.version)  # routing / SLO
+            planner = Planner(graph, self.config.sampler, layers, profile)
+            if updates is not None and planner.presampler is not None:
+                updates.subscribe(planner.presampler)  # built from this version's CSR
+        elif planner.num_layers != layers:
+            raise ValueError(f"a {planner.num_layers}-hop planner for a {layers}-layer model")
+        self.planner = planner  # samplers, PSGS and pre-samples: shared by models alike
         self.psgs = self.planner.psgs  # expected sampled nodes per seed (None: graph changes)
-        if updates is not None and self.planner.presampler is not None:
-            updates.subscribe(self.planner.presampler)  # built from this version's CSR
         self.answer_cache = self._answer_cache(graph, runner, updates)
         self.admission = Admission(
             self.config.admission,
@@ -148,8 +155,10 @@ class Engine:
         self._started = False
         for stop in self.on_stop:
             stop()
-        if self.updates is not None:
+        if self.updates is not None and self.owns_store:
             self.updates.close()
+        elif self.updates is not None and self.answer_cache is not None:
+            self.updates.unsubscribe(self.answer_cache)  # the store serves other models on
 
     @property
     def runner(self) -> ModelRunner:

@@ -115,6 +115,79 @@ def build_engine(config: ServeConfig) -> Engine:
     return engine
 
 
+def build_model_engine(base: Engine, model_path: str) -> Engine:
+    """An engine for one more model (``model_path``) over ``base``'s graph and features.
+
+    It shares ``base``'s graph, features, update log and, when its layer count matches,
+    ``base``'s planner (samplers, PSGS, pre-samples); a model with another layer count samples
+    with the fanouts it was trained with. Its batcher, admission, answer cache and precomputed
+    embeddings are its own. Local stores only: feature servers, tiers and deployments other
+    than ``local`` are refused.
+    """
+    config = base.config.model_copy(update={"model_path": model_path}, deep=True)
+    config.embeddings.path = ""  # --embeddings names the first model's: this one's default dir
+    _check_shareable(config)
+    check_locations(config)
+    ckpt = load_checkpoint(model_path)
+    if ckpt.config.in_dim != base.features.dim:
+        raise InvalidInputError(
+            f"model {model_path!r} expects {ckpt.config.in_dim} input features, the store has "
+            f"{base.features.dim}",
+            "model_path",
+        )
+    planner = base.planner if ckpt.config.num_layers == base.planner.num_layers else None
+    if planner is None:
+        trained = ckpt.meta.get("fanouts")
+        if not trained:
+            raise InvalidInputError(
+                f"model {model_path!r} has {ckpt.config.num_layers} layers and the served "
+                f"fanouts {list(base.planner.default)} have {base.planner.num_layers} hops; its "
+                "checkpoint records no training fanouts to sample with",
+                "model_path",
+            )
+        config.sampler.fanouts = [int(f) for f in trained]
+    runner = ModelRunner(ckpt.model, ckpt.version)
+    store = base.updates
+    pes, problem = load_embeddings(config, base.graph, ckpt.version)
+    refresher = None if store is None else _refresher(config, ckpt.model, store, pes)
+    engine = Engine(
+        base.graph,
+        base.features,
+        runner,
+        config,
+        updates=store,
+        embeddings=pes,
+        embeddings_error=problem,
+        refresher=refresher,
+        planner=planner,
+        owns_store=False,
+    )
+    if refresher is not None:
+        engine.on_stop.append(refresher.close)
+    return engine
+
+
+def _check_shareable(config: ServeConfig) -> None:
+    """Refuse, naming the option, a set-up whose engines cannot share one store."""
+    for flag, field, value in (
+        ("--feature-servers", "store.feature_servers", config.store.feature_servers),
+        ("--tiers", "store.tiers", config.store.tiers),
+        ("--remote", "deploy.remote", config.deploy.remote),
+    ):
+        if value:
+            raise InvalidInputError(
+                f"several models (or a model loaded while serving) share one local store: "
+                f"not with {flag}",
+                field,
+            )
+    if config.deploy.mode != "local":
+        raise InvalidInputError(
+            f"several models (or a model loaded while serving) run in the local deployment, "
+            f"not {config.deploy.mode!r}",
+            "deploy.mode",
+        )
+
+
 def _refresher(
     config: ServeConfig, model: GNN, store: DynamicStore, pes: EmbeddingStore | None
 ) -> PeRefresher | None:

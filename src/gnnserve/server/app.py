@@ -23,6 +23,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gnnserve.dynamic.bulk import ARROW_STREAM
+from gnnserve.engine.admission import Admission
 from gnnserve.engine.engine import Engine
 from gnnserve.engine.placement import tier_stats
 from gnnserve.errors import (
@@ -45,6 +46,7 @@ from gnnserve.server.limits import (
 )
 from gnnserve.server.looplag import LoopLag
 from gnnserve.server.metrics import ServerMetrics
+from gnnserve.server.models import ModelRepository
 from gnnserve.server.oip_http import OipErrorShape, flat_error
 from gnnserve.server.schemas import (
     ErrorResponse,
@@ -179,36 +181,52 @@ def _watch_freshness(metrics: ServerMetrics, engine: Engine) -> None:
         )
 
 
+def _admission_for(models: ModelRepository) -> Callable[[str], Admission]:
+    """The admission the shedding middleware asks for a path: the named model's under
+    ``/v2/models/{name}/``, else the first model's."""
+
+    def admission(path: str) -> Admission:
+        parts = path.split("/")
+        if len(parts) > 3 and parts[1:3] == ["v2", "models"]:
+            try:
+                return models.get(parts[3]).admission
+            except GnnServeError:
+                pass  # the route answers the 404
+        return models.base.admission
+
+    return admission
+
+
 def _count(metrics: ServerMetrics) -> Callable[[str], None]:
     return lambda kind: metrics.errors.labels(kind).inc()
 
 
-def _warm_up(engine: Engine) -> None:
-    """``engine.warm_up`` (it logs how long it took), then freeze what the compilers left."""
-    try:
-        engine.warm_up()
-    except Exception:  # noqa: BLE001 - a bug on the request path: requests will report it
-        log.exception("warm-up of the request path failed; serving without it")
+def _warm_up(engines: list[Engine]) -> None:
+    """``warm_up`` of each engine (each logs how long it took), then freeze what the compilers
+    left."""
+    for engine in engines:
+        try:
+            engine.warm_up()
+        except Exception:  # noqa: BLE001 - a bug on the request path: requests will report it
+            log.exception("warm-up of the request path failed; serving without it")
     gc.collect()
     gc.freeze()
 
 
 async def _start_grpc(
     app: FastAPI,
-    engine: Engine,
-    model_name: str,
+    models: ModelRepository,
     metrics: ServerMetrics,
     api_keys: ApiKeys | None,
 ) -> OipGrpcServer | None:
     """The gRPC front end on ``server.grpc_port`` when set (its port in app.state.grpc_port)."""
-    s = engine.config.server
+    s = models.base.config.server
     if s.grpc_port is None:
         return None
     from gnnserve.server.oip_grpc import OipGrpcServer
 
     server = OipGrpcServer(
-        engine,
-        model_name,
+        models,
         metrics,
         app.state.oip_stats,
         api_keys,
@@ -220,16 +238,26 @@ async def _start_grpc(
 
 
 def create_app(
-    engine: Engine, model_name: str = "default", api_keys: ApiKeys | None = None
+    engine: Engine,
+    model_name: str = "default",
+    api_keys: ApiKeys | None = None,
+    models: ModelRepository | None = None,
 ) -> FastAPI:
     """Build the app serving ``engine`` as model ``model_name``; the engine starts with the app.
 
-    ``api_keys``: require a bearer token on every endpoint but the health probes (server.auth).
-    Request bodies are limited to ``server.max_body_bytes`` (server.limits).
+    ``models``: the repository when several models share ``engine``'s graph (``engine`` its
+    first, ``server.models``); None: ``engine`` alone. ``api_keys``: require a bearer token on
+    every endpoint but the health probes (server.auth). Request bodies are limited to
+    ``server.max_body_bytes`` (server.limits).
     """
+    if models is None:
+        models = ModelRepository()
+        models.add(model_name, engine.config.model_path, engine)
     metrics = ServerMetrics()
     loop_lag = LoopLag(observe=metrics.loop_lag.observe)
-    engine.observers.append(metrics.observe_batch)
+    models.on_engine.append(lambda e: e.observers.append(metrics.observe_batch))
+    for served in models.engines():
+        served.observers.append(metrics.observe_batch)
     metrics.watch_executor(engine.executor.describe)
     _watch_freshness(metrics, engine)
     metrics.watch_routing(engine.planner.parallel_threshold, engine.batcher.config.max_batch_cost)
@@ -237,30 +265,34 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        engine.start()
+        for served in models.engines():
+            served.start()
         loop_lag.start()
         # torch + PyG + FastAPI leave ~380K tracked objects: every full collection scanned them
         # all (220 ms, over 500 ms under load: the p99 spikes of bench/serving.py). Freezing the
         # start-up heap keeps later collections to what requests allocate.
         gc.collect()
         gc.freeze()
-        grpc_server = await _start_grpc(app, engine, model_name, metrics, api_keys)
+        grpc_server = await _start_grpc(app, models, metrics, api_keys)
         # after the port is bound: live answers at once, ready (503 until then) once warm
-        warming = asyncio.create_task(asyncio.to_thread(_warm_up, engine))
+        warming = asyncio.create_task(asyncio.to_thread(_warm_up, models.engines()))
         yield
         if grpc_server is not None:  # HTTP has drained: now gRPC's calls in flight
             await grpc_server.stop()
         await warming  # the engine must not close its stores under a running warm-up
         await loop_lag.stop()
-        engine.stop()  # uvicorn has already finished in-flight requests: this drains the engine
+        models.stop()  # uvicorn has already finished in-flight requests: this drains the engines
 
     app = FastAPI(title="gnnserve", version="0.1.0", lifespan=lifespan)
     app.state.engine = engine
+    app.state.models = models
     app.state.loop_lag = loop_lag
     app.state.metrics = metrics
     app.state.model_name = model_name
     app.state.requests = RequestCounts()  # `gnnserve serve` reports them when it stops
-    app.add_middleware(SheddingMiddleware, engine=engine, metrics=metrics, loop_lag=loop_lag)
+    app.add_middleware(
+        SheddingMiddleware, admission_for=_admission_for(models), metrics=metrics, loop_lag=loop_lag
+    )
     app.add_middleware(CountRequests, counts=app.state.requests)
     _limit_and_guard(app, engine, metrics, api_keys)
     app.add_middleware(OipErrorShape)  # outermost: every /v2 error, auth's and limits' too
@@ -297,16 +329,17 @@ def create_app(
     @app.post("/v1/predict", response_model=PredictResponse, responses=_ERRORS)
     async def predict(body: PredictRequest) -> JSONResponse:
         """Predict for existing nodes or new ones: labels, class probabilities or embeddings."""
-        if body.model is not None and body.model != model_name:
+        name = model_name if body.model is None else body.model
+        if name not in models.names():
             raise UnknownModelError(
-                f"unknown model {echo(body.model)}; serving {model_name!r}", "model"
+                f"unknown model {echo(name)}; serving {models.names()}", "model"
             )
         start = time.perf_counter()
-        result = await _predict(engine, body)
+        result = await models.run(name, None, lambda served: _predict(served, body))
         endpoint = "predict" if body.new_nodes is None else "predict_new_nodes"
         metrics.requests.labels(endpoint).inc()
         metrics.request_latency.labels(endpoint).observe(time.perf_counter() - start)
-        return JSONResponse(result_json(model_name, result))
+        return JSONResponse(result_json(name, result))
 
     async def bulk_updates(raw: bytes) -> JSONResponse:
         """The same, sent as an Arrow IPC stream (``dynamic.bulk``): one all-or-nothing batch."""
@@ -344,10 +377,10 @@ def create_app(
 
     @app.get("/metrics", include_in_schema=False)
     async def prometheus() -> Response:
-        metrics.queue_depth.set(engine.queue_depth)
+        metrics.queue_depth.set(sum(e.queue_depth for e in models.engines()))
         return Response(metrics.render(), media_type="text/plain; version=0.0.4")
 
-    app.state.oip_stats = oip.ModelStats()  # one count per model, HTTP and gRPC together
-    oip.add_routes(app, engine, model_name, metrics, _ERRORS, app.state.oip_stats)
+    app.state.oip_stats = oip.Statistics()  # per model, HTTP and gRPC together
+    oip.add_routes(app, models, metrics, _ERRORS, app.state.oip_stats)
     app.state.torch_threads = torch.get_num_threads()
     return app

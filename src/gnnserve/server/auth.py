@@ -1,4 +1,5 @@
-"""API keys: bearer tokens with the scopes ``read`` and ``write``, checked before any route.
+"""API keys: bearer tokens with the scopes ``read``, ``write`` and ``admin``, checked before any
+route.
 
 Keys come from a file (``gnnserve serve --api-keys FILE``, or ``server.api_keys`` in the YAML
 config) or from the environment variable ``GNNSERVE_API_KEYS``, never both. Either holds one key
@@ -8,8 +9,9 @@ per line (``;`` also separates keys)::
     read       Zx3vQ9pL0aT2mK8wR4yH1cB6
     read,write 7fGk2LmP9qRs4TuVw1XyZ0aB
 
-Scopes: ``write`` allows ``POST /v1/graph/updates``; ``read`` allows every other endpoint
-(predict, OIP infer and model metadata, neighbours, ``/metrics``). Open without a token: the
+Scopes: ``write`` allows ``POST /v1/graph/updates``; ``admin`` the model repository
+(``/v2/repository/...``: index, load, unload); ``read`` every other endpoint (predict, OIP
+infer and model metadata, neighbours, ``/metrics``). Open without a token: the
 probes ``/v2/health/live`` and ``/v2/health/ready`` and the API description (``/docs``,
 ``/redoc``, ``/openapi.json``). Tokens are 16+ characters of ``A-Z a-z 0-9 - . _ ~ + /``
 (RFC 6750); they are compared in constant time (``hmac.compare_digest`` of their SHA-256) and
@@ -37,7 +39,7 @@ from gnnserve.errors import GnnServeError, InvalidInputError
 log = logging.getLogger(__name__)
 
 ENV_VAR = "GNNSERVE_API_KEYS"
-SCOPES = ("read", "write")
+SCOPES = ("read", "write", "admin")
 OPEN_PATHS = frozenset(
     {
         "/v2/health/live",
@@ -49,6 +51,16 @@ OPEN_PATHS = frozenset(
     }
 )
 WRITE_PATHS = frozenset({"/v1/graph/updates"})  # every other path needs ``read``
+ADMIN_PREFIX = "/v2/repository"  # ... but these, which need ``admin``
+
+
+def scope_needed(path: str) -> str:
+    """The scope an API key needs for ``path`` (not one of OPEN_PATHS)."""
+    if path in WRITE_PATHS:
+        return "write"
+    return "admin" if path.startswith(ADMIN_PREFIX) else "read"
+
+
 MIN_TOKEN_CHARS = 16
 _TOKEN = re.compile(r"[A-Za-z0-9\-._~+/]+=*")  # RFC 6750 b64token
 _FIELD = "api_keys"
@@ -101,7 +113,7 @@ def parse_api_keys(text: str, source: str) -> ApiKeys:
         scopes = frozenset(parts[0].split(","))
         if not scopes <= set(SCOPES) or "" in scopes:
             raise InvalidInputError(
-                f"{where}: scopes must be {' | '.join(SCOPES)} or read,write", _FIELD
+                f"{where}: scopes must be {', '.join(SCOPES)} or several joined by ','", _FIELD
             )
         token = parts[1]
         if len(token) < MIN_TOKEN_CHARS or not _TOKEN.fullmatch(token):
@@ -183,7 +195,7 @@ class RequireApiKey:
         if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
             await self.app(scope, receive, send)
             return
-        need = "write" if scope["path"] in WRITE_PATHS else "read"
+        need = scope_needed(scope["path"])
         token = _bearer(Headers(scope=scope).get("authorization"))
         scopes = None if token is None else self.keys.scopes_of(token)
         if token is None:

@@ -19,16 +19,18 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from gnnserve.engine.engine import Engine
-from gnnserve.errors import GnnServeError, UnknownModelError, echo
+from gnnserve.errors import GnnServeError, echo
 from gnnserve.server import oip_infer
 from gnnserve.server.metrics import ServerMetrics
+from gnnserve.server.models import ModelRepository
 from gnnserve.server.oip_http import answer_response, read_call
+from gnnserve.server.oip_repository import add_repository_routes
 from gnnserve.server.oip_tensors import InferAnswer
 from gnnserve.server.schemas import InferRequest
 
 SERVER_NAME = "gnnserve"
 SERVER_VERSION = "0.1.0"
-EXTENSIONS = ["binary_tensor_data", "model_configuration", "statistics"]
+EXTENSIONS = ["binary_tensor_data", "model_configuration", "statistics", "model_repository"]
 INFER_BODY = {  # the JSON header of POST .../infer, for the OpenAPI schema
     "requestBody": {
         "required": True,
@@ -98,8 +100,22 @@ def model_config(engine: Engine, name: str) -> dict[str, Any]:
     }
 
 
-def _ready(engine: Engine) -> bool:
+def ready(engine: Engine) -> bool:
+    """The engine answers requests: started, warm and not stopping."""
     return engine.started and engine.warm and not engine.admission.closed
+
+
+class Statistics:
+    """:class:`ModelStats` per model name (created on first use)."""
+
+    def __init__(self) -> None:
+        self._by_name: dict[str, ModelStats] = {}
+        self._lock = threading.Lock()
+
+    def of(self, name: str) -> ModelStats:
+        """The statistics of model ``name``."""
+        with self._lock:
+            return self._by_name.setdefault(name, ModelStats())
 
 
 def _add_openapi_schema(app: FastAPI) -> None:
@@ -120,32 +136,21 @@ def _add_openapi_schema(app: FastAPI) -> None:
 
 def add_routes(
     app: FastAPI,
-    engine: Engine,
-    served: str,
+    models: ModelRepository,
     metrics: ServerMetrics,
     errors: dict[int | str, Any],
-    stats: ModelStats,
+    stats: Statistics,
 ) -> None:
-    """Register the OIP v2 endpoints on ``app``; ``stats``: the model's statistics."""
-
-    def check_model(name: str, version: str | None = None) -> None:
-        if name != served:
-            raise UnknownModelError(f"unknown model {echo(name)}; serving {served!r}", "model_name")
-        if version is not None and version != engine.runner.version:
-            raise UnknownModelError(
-                f"model {served!r} has no version {echo(version)}; serving version "
-                f"{engine.runner.version!r}",
-                "model_version",
-            )
+    """Register the OIP v2 endpoints on ``app`` for the models of ``models``."""
 
     @app.get("/v2/health/live")
     async def live() -> dict[str, bool]:
         return {"live": True}
 
     @app.get("/v2/health/ready", responses=errors)
-    async def ready() -> JSONResponse:
-        """200 once the engine runs and its request path is warm (Engine.warm_up), else 503."""
-        ok = _ready(engine)
+    async def server_ready() -> JSONResponse:
+        """200 once every loaded model's engine runs and is warm (Engine.warm_up), else 503."""
+        ok = all(ready(e) for e in models.engines())
         return JSONResponse({"ready": ok}, status_code=200 if ok else 503)
 
     @app.get("/v2", responses=errors)
@@ -158,41 +163,43 @@ def add_routes(
     async def statistics(name: str | None = None, version: str | None = None) -> dict[str, Any]:
         """Triton's statistics extension: requests answered and failed, and their time."""
         if name is not None:
-            check_model(name, version)
-        return {"model_stats": [stats.as_json(served, engine.runner.version)]}
+            engines = {name: models.get(name, version)}
+        else:
+            engines = {n: models.get(n) for n in models.loaded_names()}
+        return {
+            "model_stats": [stats.of(n).as_json(n, e.runner.version) for n, e in engines.items()]
+        }
 
     @app.get("/v2/models/{name}", responses=errors)
     @app.get("/v2/models/{name}/versions/{version}", responses=errors)
     async def metadata(name: str, version: str | None = None) -> dict[str, Any]:
-        check_model(name, version)
-        return oip_infer.model_metadata(engine, name)
+        return oip_infer.model_metadata(models.get(name, version), name)
 
     @app.get("/v2/models/{name}/ready", responses=errors)
     @app.get("/v2/models/{name}/versions/{version}/ready", responses=errors)
     async def model_ready(name: str, version: str | None = None) -> JSONResponse:
-        check_model(name, version)
-        ok = _ready(engine)
+        ok = ready(models.get(name, version))
         return JSONResponse({"name": name, "ready": ok}, status_code=200 if ok else 503)
 
     @app.get("/v2/models/{name}/config", responses=errors)
     @app.get("/v2/models/{name}/versions/{version}/config", responses=errors)
     async def config(name: str, version: str | None = None) -> dict[str, Any]:
         """Triton's model configuration extension."""
-        check_model(name, version)
-        return model_config(engine, name)
+        return model_config(models.get(name, version), name)
 
     async def infer(request: Request, name: str, version: str | None = None) -> Response:
         """Run inference on existing nodes (``node_ids``) or new nodes; outputs default to
         ``label``. JSON, or the binary tensor data extension (``server.oip_http``)."""
-        check_model(name, version)
+        models.get(name, version)  # 404 before the body is read
         start = time.perf_counter_ns()
         ok = False
         try:
             call = await read_call(request, name, app.state.max_body_bytes)
-            answer = await oip_infer.run_infer(engine, call)
+            answer = await models.run(name, version, lambda e: oip_infer.run_infer(e, call))
             ok = True
         finally:
-            stats.record(ok, time.perf_counter_ns() - start, _answered(answer) if ok else 0)
+            elapsed = time.perf_counter_ns() - start
+            stats.of(name).record(ok, elapsed, _answered(answer) if ok else 0)
         endpoint = "infer" if answer.parameters.get("new_nodes") is None else "infer_new_nodes"
         metrics.requests.labels(endpoint).inc()
         metrics.request_latency.labels(endpoint).observe((time.perf_counter_ns() - start) / 1e9)
@@ -200,6 +207,8 @@ def add_routes(
 
     for path in ("/v2/models/{name}/infer", "/v2/models/{name}/versions/{version}/infer"):
         app.add_api_route(path, infer, methods=["POST"], responses=errors, openapi_extra=INFER_BODY)
+
+    add_repository_routes(app, models, errors)
 
     @app.api_route("/v2/{rest:path}", methods=["GET", "POST"], include_in_schema=False)
     async def unknown(request: Request, rest: str) -> None:

@@ -32,13 +32,13 @@ from gnnserve.errors import (
     GnnServeError,
     InvalidInputError,
     OverloadedError,
-    UnknownModelError,
     echo,
 )
 from gnnserve.server import oip_infer
 from gnnserve.server.auth import ApiKeys, ForbiddenError, UnauthorizedError
 from gnnserve.server.metrics import ServerMetrics
-from gnnserve.server.oip import SERVER_NAME, SERVER_VERSION, ModelStats
+from gnnserve.server.models import ModelRepository
+from gnnserve.server.oip import SERVER_NAME, SERVER_VERSION, Statistics, ready
 from gnnserve.server.oip_tensors import (
     DATATYPES,
     InferAnswer,
@@ -100,20 +100,18 @@ MESSAGES = _message_classes()
 
 
 class OipGrpcServer:
-    """gRPC front end of one engine served as model ``model_name``."""
+    """gRPC front end of the models of a repository."""
 
     def __init__(
         self,
-        engine: Engine,
-        model_name: str,
+        models: ModelRepository,
         metrics: ServerMetrics,
-        stats: ModelStats,
+        stats: Statistics,
         api_keys: ApiKeys | None,
         max_message_bytes: int,
         extensions: list[str],
     ) -> None:
-        self.engine = engine
-        self.model_name = model_name
+        self.models = models
         self.metrics = metrics
         self.stats = stats
         self.api_keys = api_keys
@@ -190,31 +188,19 @@ class OipGrpcServer:
         if "read" not in scopes:
             raise ForbiddenError("this API key lacks the 'read' scope this call needs")
 
-    def _check_model(self, name: str, version: str) -> None:
-        if name != self.model_name:
-            raise UnknownModelError(
-                f"unknown model {echo(name)}; serving {self.model_name!r}", "model_name"
-            )
-        if version and version != self.engine.runner.version:
-            raise UnknownModelError(
-                f"model {self.model_name!r} has no version {echo(version)}; serving version "
-                f"{self.engine.runner.version!r}",
-                "model_version",
-            )
-
-    def _ready(self) -> bool:
-        e = self.engine
-        return e.started and e.warm and not e.admission.closed
+    def _engine(self, name: str, version: str) -> Engine:
+        return self.models.get(name, version or None)
 
     async def _live(self, _: Any, __: Any) -> Any:
         return MESSAGES["ServerLiveResponse"](live=True)
 
     async def _server_ready(self, _: Any, __: Any) -> Any:
-        return MESSAGES["ServerReadyResponse"](ready=self._ready())
+        ok = all(ready(e) for e in self.models.engines())
+        return MESSAGES["ServerReadyResponse"](ready=ok)
 
     async def _model_ready(self, request: Any, _: Any) -> Any:
-        self._check_model(request.name, request.version)
-        return MESSAGES["ModelReadyResponse"](ready=self._ready())
+        engine = self._engine(request.name, request.version)
+        return MESSAGES["ModelReadyResponse"](ready=ready(engine))
 
     async def _server_metadata(self, _: Any, __: Any) -> Any:
         return MESSAGES["ServerMetadataResponse"](
@@ -222,16 +208,16 @@ class OipGrpcServer:
         )
 
     async def _model_metadata(self, request: Any, _: Any) -> Any:
-        self._check_model(request.name, request.version)
-        meta = oip_infer.model_metadata(self.engine, request.name)
+        engine = self._engine(request.name, request.version)
+        meta = oip_infer.model_metadata(engine, request.name)
         return MESSAGES["ModelMetadataResponse"](**meta)
 
     async def _infer(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        self._check_model(request.model_name, request.model_version)
+        name, version = request.model_name, request.model_version or None
+        admission = self._engine(name, request.model_version).admission
         now = time.perf_counter()
         remaining = context.time_remaining()
         deadline = None if remaining is None else now + remaining
-        admission = self.engine.admission
         retry_s = None if admission.closed else admission.would_refuse(deadline)
         if retry_s is not None:
             raise OverloadedError(
@@ -243,12 +229,14 @@ class OipGrpcServer:
         token = REQUEST.set(ctx)
         ok = False
         try:
-            answer = await oip_infer.run_infer(self.engine, to_call(request))
+            call = to_call(request)
+            answer = await self.models.run(name, version, lambda e: oip_infer.run_infer(e, call))
             ok = True
         finally:
             REQUEST.reset(token)
             elapsed_ns = int((time.perf_counter() - now) * 1e9)
-            self.stats.record(ok, elapsed_ns, int(answer.outputs[0].shape[0]) if ok else 0)
+            nodes = int(answer.outputs[0].shape[0]) if ok else 0
+            self.stats.of(name).record(ok, elapsed_ns, nodes)
         endpoint = "grpc_infer" if "new_nodes" not in answer.parameters else "grpc_infer_new_nodes"
         self.metrics.requests.labels(endpoint).inc()
         self.metrics.request_latency.labels(endpoint).observe(time.perf_counter() - now)

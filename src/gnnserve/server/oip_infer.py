@@ -47,9 +47,11 @@ async def run_infer(engine: Engine, call: InferCall) -> InferAnswer:
         results = await _infer_node_ids(engine, nodes, wanted, call.parameters)
         outputs = [output_tensor(w, r.values) for w, r in zip(wanted, results, strict=True)]
         parameters: dict[str, Any] = {}
+        version = results[0].model_version  # the version that computed it, swaps aside
     else:
-        outputs, parameters = await _infer_new_nodes(engine, new_nodes, wanted, call.parameters)
-    version = engine.runner.version
+        outputs, parameters, version = await _infer_new_nodes(
+            engine, new_nodes, wanted, call.parameters
+        )
     return InferAnswer(call.model, version, outputs, parameters, call.id)
 
 
@@ -163,8 +165,9 @@ async def _infer_new_nodes(
     inputs: dict[str, np.ndarray | None],
     wanted: list[str],
     params: dict[str, Any],
-) -> tuple[list[Tensor], dict[str, Any]]:
-    """One engine run for every wanted output; (output tensors, response parameters)."""
+) -> tuple[list[Tensor], dict[str, Any], str]:
+    """One engine run for every wanted output; (output tensors, response parameters, model
+    version)."""
     _check_parameters(params, NEW_NODE_PARAMETERS, "a new-node request")
     try:
         request = engine.request(
@@ -195,7 +198,8 @@ async def _infer_new_nodes(
         "recomputed": int(info.recomputed.size),
         "graph_version": result.graph_version,
     }
-    return [output_tensor(w, v) for w, v in zip(wanted, values, strict=True)], parameters
+    outputs = [output_tensor(w, v) for w, v in zip(wanted, values, strict=True)]
+    return outputs, parameters, result.model_version
 
 
 def model_metadata(engine: Engine, name: str) -> dict[str, Any]:

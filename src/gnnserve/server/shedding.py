@@ -17,11 +17,18 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gnnserve.engine.admission import REQUEST, TIMEOUT_HEADER, RequestContext, parse_timeout_ms
+from gnnserve.engine.admission import (
+    REQUEST,
+    TIMEOUT_HEADER,
+    Admission,
+    RequestContext,
+    parse_timeout_ms,
+)
 from gnnserve.engine.engine import Engine
 from gnnserve.errors import GnnServeError, InvalidInputError, OverloadedError
 from gnnserve.server.limits import retry_after
@@ -65,12 +72,16 @@ class SheddingMiddleware:
     def __init__(
         self,
         app: ASGIApp,
-        engine: Engine,
+        engine: Engine | None = None,
         metrics: ServerMetrics | None = None,
         loop_lag: LoopLag | None = None,
+        admission_for: Callable[[str], Admission] | None = None,
     ) -> None:
         self.app = app
-        self.admission = engine.admission
+        if admission_for is None:
+            assert engine is not None, "give an engine or admission_for"
+            admission_for = lambda _path, admission=engine.admission: admission  # noqa: E731
+        self.admission_for = admission_for  # the admission of the model a path names
         self.loop_lag = loop_lag
         self._refused: Any = metrics.errors.labels("overloaded") if metrics is not None else None
         self._invalid: Any = metrics.errors.labels("invalid_input") if metrics is not None else None
@@ -90,7 +101,8 @@ class SheddingMiddleware:
             except InvalidInputError as exc:
                 await self._error(send, exc, self._invalid)
                 return
-        retry_s = None if self.admission.closed else self.admission.would_refuse(deadline)
+        admission = self.admission_for(scope["path"])
+        retry_s = None if admission.closed else admission.would_refuse(deadline)
         if retry_s is not None:
             if self._refused is not None:
                 self._refused.inc()
