@@ -337,15 +337,14 @@ def create_app(
         start = time.perf_counter()
         result = await models.run(name, None, lambda served: _predict(served, body))
         endpoint = "predict" if body.new_nodes is None else "predict_new_nodes"
-        metrics.requests.labels(endpoint).inc()
-        metrics.request_latency.labels(endpoint).observe(time.perf_counter() - start)
+        metrics.answered(endpoint, name, time.perf_counter() - start)
         return JSONResponse(result_json(name, result))
 
     async def bulk_updates(raw: bytes) -> JSONResponse:
         """The same, sent as an Arrow IPC stream (``dynamic.bulk``): one all-or-nothing batch."""
         limit = app.state.max_body_bytes  # what the body may expand to, too
         result = await asyncio.to_thread(engine.apply_bulk_updates, raw, limit)
-        metrics.requests.labels("updates").inc()
+        metrics.answered("updates", "")
         return JSONResponse(dataclasses.asdict(result))
 
     @app.post(
@@ -360,7 +359,7 @@ def create_app(
         Arrow IPC stream (Content-Type: application/vnd.apache.arrow.stream) with columns op,
         src, dst, node, features for bulk ingestion."""
         result = await asyncio.to_thread(engine.apply_updates, body.ops)
-        metrics.requests.labels("updates").inc()
+        metrics.answered("updates", "")
         return JSONResponse(dataclasses.asdict(result))
 
     @app.get("/v1/graph/neighbors/{node}", responses=_ERRORS)

@@ -24,7 +24,7 @@ class ServerMetrics:
         self.request_latency = Histogram(
             "gnnserve_request_latency_seconds",
             "End-to-end request latency",
-            ["endpoint"],
+            ["endpoint", "model"],
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
@@ -42,7 +42,7 @@ class ServerMetrics:
             "gnnserve_queue_depth", "Requests admitted, not answered", registry=r
         )
         self.requests = Counter(
-            "gnnserve_requests_total", "Requests answered", ["endpoint"], registry=r
+            "gnnserve_requests_total", "Requests answered", ["endpoint", "model"], registry=r
         )
         self.errors = Counter("gnnserve_errors_total", "Errors by kind", ["kind"], registry=r)
         self.path_batches = Counter(
@@ -71,6 +71,13 @@ class ServerMetrics:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
+
+    def answered(self, endpoint: str, model: str, seconds: float | None = None) -> None:
+        """Count a request answered at ``endpoint`` for ``model`` ("" for the graph's own
+        endpoints) and, when given, its latency (seconds)."""
+        self.requests.labels(endpoint, model).inc()
+        if seconds is not None:
+            self.request_latency.labels(endpoint, model).observe(seconds)
 
     def watch_executor(self, describe: Callable[[], dict[str, object]]) -> None:
         """Export the engine executor's ``describe()`` on every scrape: ``gnnserve_deploy_info``

@@ -201,8 +201,7 @@ def add_routes(
             elapsed = time.perf_counter_ns() - start
             stats.of(name).record(ok, elapsed, _answered(answer) if ok else 0)
         endpoint = "infer" if answer.parameters.get("new_nodes") is None else "infer_new_nodes"
-        metrics.requests.labels(endpoint).inc()
-        metrics.request_latency.labels(endpoint).observe((time.perf_counter_ns() - start) / 1e9)
+        metrics.answered(endpoint, name, (time.perf_counter_ns() - start) / 1e9)
         return answer_response(answer, call)
 
     for path in ("/v2/models/{name}/infer", "/v2/models/{name}/versions/{version}/infer"):

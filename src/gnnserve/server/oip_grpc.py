@@ -238,8 +238,7 @@ class OipGrpcServer:
             nodes = int(answer.outputs[0].shape[0]) if ok else 0
             self.stats.of(name).record(ok, elapsed_ns, nodes)
         endpoint = "grpc_infer" if "new_nodes" not in answer.parameters else "grpc_infer_new_nodes"
-        self.metrics.requests.labels(endpoint).inc()
-        self.metrics.request_latency.labels(endpoint).observe(time.perf_counter() - now)
+        self.metrics.answered(endpoint, name, time.perf_counter() - now)
         response = to_response(answer)
         ctx.answered(time.perf_counter())
         return response

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from gnnserve.cli import main
+from tests.dashboard import assert_dashboard_metrics_exported
 from tests.deploy.servers import metric, predict, served_together
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
@@ -38,6 +39,7 @@ def test_cgp_answers_equal_local(pe_store: Path, small_ckpt: Path) -> None:
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
         assert metric(cgp, "gnnserve_deploy_cgp_requests") == 1  # the workers answered it
         assert metric(cgp, "gnnserve_deploy_cgp_bytes_sent") > 0
+        assert_dashboard_metrics_exported(cgp, "cgp")
         body = predict(cgp, {**srpe, "output": "probs"})
         assert body["mode"] == "srpe" and body["num_candidates"] > 0
         assert body["recomputed"] == predict(local, srpe)["recomputed"]

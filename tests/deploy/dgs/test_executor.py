@@ -14,6 +14,7 @@ import numpy as np
 import psutil
 import pytest
 
+from tests.dashboard import assert_dashboard_metrics_exported
 from tests.deploy.servers import metric, predict, served_together, update
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
@@ -55,6 +56,7 @@ def test_dgs_answers_equal_local_presample_before_and_after_updates(
         for detail in ("actor", "pid", "namespace", "ip:", "192.", "127.0.0.1"):
             assert detail not in err["message"].lower(), err["message"]
         assert metric(dgs, "gnnserve_deploy_replaced_workers") == 1
+        assert_dashboard_metrics_exported(dgs, "dgs")
         np.testing.assert_array_equal(_probs(dgs, NODES), _probs(local, NODES))  # DGS again
         for base in (local, dgs):
             update(base, [{"op": "add_edge", "src": 11, "dst": 42}])

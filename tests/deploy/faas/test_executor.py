@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from gnnserve.cli import main
+from tests.dashboard import assert_dashboard_metrics_exported
 from tests.deploy.servers import metric, predict, served
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
@@ -50,6 +51,7 @@ def test_faas_answers_equal_local_and_report_metrics(
         assert metric(faas, "gnnserve_deploy_faas_topology_bytes") > 0
         assert metric(faas, "gnnserve_deploy_faas_infer_instances_idle") == 1
         assert metric(faas, "gnnserve_deploy_faas_infer_retries") == 0
+        assert_dashboard_metrics_exported(faas, "faas")
         r = httpx.post(f"{faas}/v1/predict", json={"nodes": [1], "fanouts": [2, 2]}, timeout=30)
         assert r.status_code == 400 and "fanouts" in r.json()["error"]["message"]
         r = httpx.post(f"{faas}/v1/predict", json={"nodes": [2000]}, timeout=30)

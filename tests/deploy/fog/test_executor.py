@@ -13,6 +13,7 @@ from gnnserve.cli import main
 from gnnserve.deploy.fog.nodes import load_nodes
 from gnnserve.deploy.fog.service import NodeSpec
 from gnnserve.errors import InvalidInputError
+from tests.dashboard import assert_dashboard_metrics_exported
 from tests.deploy.servers import metric, predict, served_together
 
 NODES = (
@@ -52,6 +53,7 @@ def test_fog_answers_equal_full_neighbourhood_inference(
         assert metric(fog, "gnnserve_deploy_fog_slow_rounds") >= 0
         assert metric(fog, "gnnserve_deploy_fog_plan_version") >= 1
         assert metric(fog, "gnnserve_deploy_fog_node_weak_mu") > 0
+        assert_dashboard_metrics_exported(fog, "fog")
 
 
 def test_bad_fog_set_ups_are_refused_before_loading(
