@@ -507,3 +507,39 @@ def test_deploy_help_names_every_registered_mode(capsys) -> None:
     flat = " ".join(capsys.readouterr().out.split())
     listed = flat[flat.index("--deploy DEPLOY") :].split("[deploy.mode")[0]
     assert all(f" {name} " in listed.replace("|", " ") for name in EXECUTORS.names())
+
+
+def test_repeated_model_flags_name_each_model(capsys) -> None:
+    def config(*argv: str) -> ServeConfig:
+        return serve_config(build_parser().parse_args(["serve", *argv]))
+
+    c = config("--model", "ckpt/sage", "--model", "gat=ckpt/gat", "--model=b=ckpt/x=y")
+    assert (c.model_path, c.server.model_name) == ("ckpt/sage", "default")
+    assert c.models == {"gat": "ckpt/gat", "b": "ckpt/x=y"}
+    c = config("--model", "sage=ckpt/sage")  # the first may be named: --name's place
+    assert (c.model_path, c.server.model_name, c.models) == ("ckpt/sage", "sage", {})
+    assert config("--model", "ckpt/a=b").model_path == "ckpt/a=b"  # a path, not a name
+    refused = [
+        (["--model", "a", "--model", "b"], "each model after the first is NAME=CKPT"),
+        (["--model", "x=a", "--model", "x=b"], "names 'x' twice"),
+        (["--model", "x=a", "--name", "y"], "name the same model twice"),
+    ]
+    for argv, message in refused:
+        assert main(["serve", *argv]) == 2
+        err = capsys.readouterr().err
+        assert message in err and "--model" in err, err
+
+
+def test_a_taken_grpc_port_exits_2_before_loading(capsys, tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        argv = ["serve", "--store", str(tmp_path / "none"), "--grpc-port", str(port)]
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert f"--grpc-port {port}: cannot listen on 127.0.0.1:{port}" in err, err
+    assert main(["serve", "--port", "9100", "--grpc-port", "9100"]) == 2
+    assert "is --port too" in capsys.readouterr().err

@@ -230,6 +230,8 @@ def run_serve(args: argparse.Namespace) -> int:
     """Load the store and model, then serve HTTP until SIGINT/SIGTERM (graceful)."""
     import uvicorn
 
+    from gnnserve.errors import InvalidInputError
+    from gnnserve.ports import check_listen
     from gnnserve.server.app import create_app
     from gnnserve.server.auth import check_exposure, load_api_keys
     from gnnserve.server.models import build_models
@@ -239,6 +241,10 @@ def run_serve(args: argparse.Namespace) -> int:
     s = config.server
     keys = load_api_keys(s.api_keys)  # before loading anything: a bad keys file exits at once
     check_exposure(s.host, keys, s.insecure)
+    if s.grpc_port is not None:  # before loading anything (uvicorn reports its own port)
+        if s.grpc_port == s.port and s.port != 0:
+            raise InvalidInputError(f"--grpc-port {s.grpc_port} is --port too", "--grpc-port")
+        check_listen(s.host, s.grpc_port, "--grpc-port")
     if config.store.feature_servers:  # Ray actors, on the cluster in RAY_ADDRESS when set
         from gnnserve.deploy.ray import start_ray
 

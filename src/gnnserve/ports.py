@@ -54,3 +54,21 @@ def free_port() -> int:
         if is_free(port := candidate_port()):
             return port
     raise OSError("no free TCP port found on 127.0.0.1")
+
+
+def check_listen(host: str, port: int, flag: str) -> None:
+    """InvalidInputError naming ``flag`` unless ``host:port`` can be bound now (port 0 always
+    can): a server refuses a taken port before it loads anything."""
+    from gnnserve.errors import InvalidInputError
+
+    if port == 0:
+        return
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as servers bind
+        try:
+            s.bind((host, port))
+        except OSError as exc:
+            raise InvalidInputError(
+                f"{flag} {port}: cannot listen on {host}:{port} ({exc.strerror})", flag
+            ) from None

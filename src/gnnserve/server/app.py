@@ -33,6 +33,7 @@ from gnnserve.errors import (
     echo,
     internal_error,
 )
+from gnnserve.models.checkpoint import release_freed_heap
 from gnnserve.server import oip
 from gnnserve.server.auth import ApiKeys, RequireApiKey
 from gnnserve.server.counting import CountRequests, RequestCounts
@@ -211,6 +212,7 @@ def _warm_up(engines: list[Engine]) -> None:
             log.exception("warm-up of the request path failed; serving without it")
     gc.collect()
     gc.freeze()
+    release_freed_heap()  # what the warm-up's forwards freed
 
 
 async def _start_grpc(

@@ -33,6 +33,7 @@ from gnnserve.errors import (
     UnknownModelError,
     echo,
 )
+from gnnserve.models.checkpoint import release_freed_heap
 
 log = logging.getLogger(__name__)
 
@@ -156,6 +157,7 @@ class ModelRepository:
                 hook(engine)
             engine.start()
             engine.warm_up()
+            release_freed_heap()  # what loading and the warm-up's forwards freed
             if model is None:
                 model = self._models[name] = ServedModel(name, str(path), None)
             old, model.engine = model.engine, engine

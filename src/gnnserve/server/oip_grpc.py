@@ -127,7 +127,10 @@ class OipGrpcServer:
 
     async def start(self, host: str, port: int) -> int:
         """Listen on ``host:port`` (0: a free port); the port bound."""
-        self.port = self.server.add_insecure_port(f"{host}:{port}")
+        try:
+            self.port = self.server.add_insecure_port(f"{host}:{port}")
+        except RuntimeError:  # taken since the check at start-up: say which port
+            raise PortInUseError(f"cannot listen for gRPC on {host}:{port}", "grpc_port") from None
         await self.server.start()
         log.info("gRPC (Open Inference Protocol) on %s:%d", host, self.port)
         return self.port
@@ -242,6 +245,12 @@ class OipGrpcServer:
         response = to_response(answer)
         ctx.answered(time.perf_counter())
         return response
+
+
+class PortInUseError(GnnServeError):
+    """The gRPC port cannot be bound."""
+
+    kind = "port_in_use"
 
 
 def _parameter(value: Any) -> Any:
