@@ -15,6 +15,7 @@ torch-sparse fallback. ``GET /health`` reports both in force.
 from __future__ import annotations
 
 import argparse
+import socket
 
 import numpy as np
 import torch
@@ -80,6 +81,9 @@ def main() -> None:
     parser.add_argument("--fanouts", default="25,10")
     parser.add_argument("--torch-threads", type=int, default=None, help="torch intra-op threads")
     parser.add_argument("--sampler", choices=("pyg-lib", "torch-sparse"), default="pyg-lib")
+    parser.add_argument(
+        "--reuse-port", action="store_true", help="share the port with other such processes"
+    )
     args = parser.parse_args()
     if args.sampler == "pyg-lib" and not pyg_typing.WITH_PYG_LIB:
         parser.error("pyg-lib is not installed: pip install ../shared/wheels/*.whl")
@@ -87,7 +91,15 @@ def main() -> None:
     if args.torch_threads is not None:
         torch.set_num_threads(args.torch_threads)
     app = build_app(args.store, args.model, [int(f) for f in args.fanouts.split(",")])
-    uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning", access_log=False)
+    if not args.reuse_port:
+        uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning", access_log=False)
+        return
+    # several of these processes on one port: the kernel spreads connections over them
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind(("127.0.0.1", args.port))
+    config = uvicorn.Config(app, log_level="warning", access_log=False)
+    uvicorn.Server(config).run(sockets=[sock])
 
 
 if __name__ == "__main__":

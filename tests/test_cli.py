@@ -158,6 +158,7 @@ SERVE_FLAG_VALUES = [
     ("--host", "0.0.0.0", "server.host", "0.0.0.0"),
     ("--port", "9001", "server.port", 9001),
     ("--grpc-port", "9002", "server.grpc_port", 9002),
+    ("--workers", "3", "server.workers", 3),
     ("--name", "sage", "server.model_name", "sage"),
     ("--fanouts", "7,-1", "sampler.fanouts", [7, -1]),
     ("--graph-backend", "mmap", "store.graph_backend", "mmap"),

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from pydantic.fields import FieldInfo
 
     from gnnserve.config import ServeConfig
+    from gnnserve.server.workers import WorkerSlot
 
 
 # options whose value may start with a minus: --fanouts -1,-1
@@ -35,6 +36,7 @@ SERVE_FLAGS: tuple[tuple[str, str], ...] = (
     ("--host", "server.host"),
     ("--port", "server.port"),
     ("--grpc-port", "server.grpc_port"),
+    ("--workers", "server.workers"),
     ("--name", "server.model_name"),
     ("--fanouts", "sampler.fanouts"),
     ("--graph-backend", "store.graph_backend"),
@@ -227,54 +229,68 @@ def serve_config(args: argparse.Namespace) -> ServeConfig:
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    """Load the store and model, then serve HTTP until SIGINT/SIGTERM (graceful)."""
-    import uvicorn
-
+    """Load the store and model, then serve HTTP until SIGINT/SIGTERM (graceful); with
+    ``--workers N`` start N worker processes doing so on one port (server/workers.py)."""
     from gnnserve.errors import InvalidInputError
     from gnnserve.ports import check_listen
     from gnnserve.server.app import create_app
     from gnnserve.server.auth import check_exposure, load_api_keys
     from gnnserve.server.models import build_models
-    from gnnserve.server.protocol import http_protocol
+    from gnnserve.server.workers import Supervisor, WorkerSlot, check_workers
 
-    config = serve_config(args)
+    config = check_workers(serve_config(args))
     s = config.server
     keys = load_api_keys(s.api_keys)  # before loading anything: a bad keys file exits at once
     check_exposure(s.host, keys, s.insecure)
-    if s.grpc_port is not None:  # before loading anything (uvicorn reports its own port)
+    slot = WorkerSlot.from_env()
+    if s.grpc_port is not None and slot is None:  # before loading anything
         if s.grpc_port == s.port and s.port != 0:
             raise InvalidInputError(f"--grpc-port {s.grpc_port} is --port too", "--grpc-port")
         check_listen(s.host, s.grpc_port, "--grpc-port")
+    if s.workers > 1 and slot is None:  # the supervisor: it binds the port, starts the workers
+        print(f"gnnserve: {s.workers} workers at http://{s.host}:{s.port}", flush=True)
+        return Supervisor(args.argv, config).run()
     if config.store.feature_servers:  # Ray actors, on the cluster in RAY_ADDRESS when set
         from gnnserve.deploy.ray import start_ray
 
         start_ray(config.store.feature_servers)
     models = build_models(config)
-    engine = models.base
-    app = create_app(engine, s.model_name, api_keys=keys, models=models)
+    app = create_app(models.base, s.model_name, api_keys=keys, models=models, workers=slot)
+    where = "" if slot is None else f"worker {slot.index} of {slot.count}: "
     print(
-        f"gnnserve: serving {config.model_path} on {config.store.path or config.deploy.remote} "
-        f"at http://{s.host}:{s.port}"
+        f"gnnserve: {where}serving {config.model_path} on "
+        f"{config.store.path or config.deploy.remote} at http://{s.host}:{s.port}"
         f"{f' and grpc://{s.host}:{s.grpc_port}' if s.grpc_port is not None else ''}"
         f" as model {s.model_name!r}"
         f"{f' (and {sorted(config.models)})' if config.models else ''}"
         f"{' with API keys' if keys is not None else ''}",
         flush=True,
     )
+    _run_http(app, config, slot)
+    # every request the app received was answered before the engine stopped: the counts match
+    print(f"gnnserve: {where}stopped; {app.state.requests.summary()}", flush=True)
+    return 0
+
+
+def _run_http(app: Any, config: ServeConfig, slot: WorkerSlot | None) -> None:
+    """uvicorn until SIGINT/SIGTERM: on the configured port, or a worker's sockets."""
+    import uvicorn
+
+    from gnnserve.server.protocol import http_protocol
+
+    s = config.server
     # uvicorn drains in-flight requests on SIGTERM, then re-raises the signal; with this no-op
     # handler in place the re-raise returns here and a graceful stop exits 0, not -15.
     signal.signal(signal.SIGTERM, lambda *_: None)
-    uvicorn.run(
-        app,
-        host=s.host,
-        port=s.port,
-        log_level=s.log_level,
-        access_log=False,
-        http=http_protocol(),  # type: ignore[arg-type]  # a class: uvicorn takes one
-    )
-    # every request the app received was answered before the engine stopped: the counts match
-    print(f"gnnserve: stopped; {app.state.requests.summary()}", flush=True)
-    return 0
+    options: dict[str, Any] = {
+        "log_level": s.log_level,
+        "access_log": False,
+        "http": http_protocol(),  # a class: uvicorn takes one
+    }
+    if slot is None:
+        uvicorn.run(app, host=s.host, port=s.port, **options)
+    else:  # the supervisor's socket and this worker's private one
+        uvicorn.Server(uvicorn.Config(app, **options)).run(sockets=slot.sockets())
 
 
 def _calibrate_arguments(p: argparse.ArgumentParser) -> None:
@@ -618,6 +634,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     words = _negative_lists_joined(sys.argv[1:] if argv is None else list(argv))
     parser = build_parser(_command_of(words) or "")
     args, unknown = parser.parse_known_args(words)
+    args.argv = words  # what a supervisor gives its worker processes
     if unknown:  # the command's own usage, not the top-level one
         getattr(args, "command_parser", parser).error(
             f"unrecognized arguments: {' '.join(unknown)}"

@@ -222,6 +222,13 @@ class ServerConfig(_Strict):
 
     host: str = Field("127.0.0.1", description="bind address")
     port: int = Field(8000, ge=0, le=65535, description="port (0 = any free port)")
+    workers: int = Field(
+        1,
+        ge=1,
+        le=256,
+        description="server processes answering on the port (one engine each, the store "
+        "memory-mapped once: server/workers.py)",
+    )
     grpc_port: int | None = Field(
         None,
         ge=0,

@@ -57,6 +57,7 @@ from gnnserve.server.schemas import (
     UpdatesResponse,
 )
 from gnnserve.server.shedding import SheddingMiddleware
+from gnnserve.server.workers import WorkerSlot, all_metrics
 from gnnserve.types import Result
 
 if TYPE_CHECKING:
@@ -234,6 +235,7 @@ async def _start_grpc(
         api_keys,
         app.state.max_body_bytes,
         oip.EXTENSIONS,
+        reuse_port=app.state.workers is not None,
     )
     app.state.grpc_port = await server.start(s.host, s.grpc_port)
     return server
@@ -244,12 +246,15 @@ def create_app(
     model_name: str = "default",
     api_keys: ApiKeys | None = None,
     models: ModelRepository | None = None,
+    workers: WorkerSlot | None = None,
 ) -> FastAPI:
     """Build the app serving ``engine`` as model ``model_name``; the engine starts with the app.
 
     ``models``: the repository when several models share ``engine``'s graph (``engine`` its
-    first, ``server.models``); None: ``engine`` alone. ``api_keys``: require a bearer token on
-    every endpoint but the health probes (server.auth). Request bodies are limited to
+    first, ``server.models``); None: ``engine`` alone. ``workers``: this process's place among
+    the workers of ``serve --workers N`` (/metrics and readiness then speak for all of them:
+    server.workers). ``api_keys``: require a bearer token on every endpoint but the health
+    probes (server.auth). Request bodies are limited to
     ``server.max_body_bytes`` (server.limits).
     """
     if models is None:
@@ -288,6 +293,7 @@ def create_app(
     app = FastAPI(title="gnnserve", version="0.1.0", lifespan=lifespan)
     app.state.engine = engine
     app.state.models = models
+    app.state.workers = workers
     app.state.loop_lag = loop_lag
     app.state.metrics = metrics
     app.state.model_name = model_name
@@ -377,9 +383,14 @@ def create_app(
         return {"node": node_id, "graph_version": version, "in_neighbors": ids}
 
     @app.get("/metrics", include_in_schema=False)
-    async def prometheus() -> Response:
+    async def prometheus(local: bool = False) -> Response:
+        """This process's metrics; every worker's (labelled ``worker``) under --workers, unless
+        ``?local=1``."""
         metrics.queue_depth.set(sum(e.queue_depth for e in models.engines()))
-        return Response(metrics.render(), media_type="text/plain; version=0.0.4")
+        text = metrics.render()
+        if workers is not None and not local:
+            text = await all_metrics(workers, text)
+        return Response(text, media_type="text/plain; version=0.0.4")
 
     app.state.oip_stats = oip.Statistics()  # per model, HTTP and gRPC together
     oip.add_routes(app, models, metrics, _ERRORS, app.state.oip_stats)

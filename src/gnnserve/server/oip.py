@@ -27,6 +27,7 @@ from gnnserve.server.oip_http import answer_response, read_call
 from gnnserve.server.oip_repository import add_repository_routes
 from gnnserve.server.oip_tensors import InferAnswer
 from gnnserve.server.schemas import InferRequest
+from gnnserve.server.workers import peers_ready
 
 SERVER_NAME = "gnnserve"
 SERVER_VERSION = "0.1.0"
@@ -148,9 +149,13 @@ def add_routes(
         return {"live": True}
 
     @app.get("/v2/health/ready", responses=errors)
-    async def server_ready() -> JSONResponse:
-        """200 once every loaded model's engine runs and is warm (Engine.warm_up), else 503."""
+    async def server_ready(local: bool = False) -> JSONResponse:
+        """200 once every loaded model's engine runs and is warm (Engine.warm_up), in every
+        worker under --workers (``?local=1``: this one's), else 503."""
         ok = all(ready(e) for e in models.engines())
+        workers = app.state.workers
+        if ok and workers is not None and not local:
+            ok = await peers_ready(workers)
         return JSONResponse({"ready": ok}, status_code=200 if ok else 503)
 
     @app.get("/v2", responses=errors)

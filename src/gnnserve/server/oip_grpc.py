@@ -110,6 +110,7 @@ class OipGrpcServer:
         api_keys: ApiKeys | None,
         max_message_bytes: int,
         extensions: list[str],
+        reuse_port: bool = False,
     ) -> None:
         self.models = models
         self.metrics = metrics
@@ -119,7 +120,9 @@ class OipGrpcServer:
         options = [
             ("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.max_send_message_length", -1),
-            ("grpc.so_reuseport", 0),  # a port held by another server is an error, not shared
+            # a port held by another server is an error, not shared; the workers of
+            # serve --workers share theirs
+            ("grpc.so_reuseport", int(reuse_port)),
         ]
         self.server = grpc.aio.server(options=options)
         self.server.add_generic_rpc_handlers((self._handlers(),))
