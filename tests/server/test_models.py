@@ -150,6 +150,11 @@ def test_unload_then_load_again(two_models: tuple[str, Path], small_store: Path)
     assert last.status_code == 409 and "only one loaded" in last.json()["error"]
     bad = httpx.post(f"{url}/v2/repository/models/gcn/load", json={"parameters": {"x": 1}})
     assert bad.status_code == 400 and "unknown parameters" in bad.json()["error"]
+    missing = {"parameters": {"checkpoint": "/no/such/checkpoint"}}
+    bad = httpx.post(f"{url}/v2/repository/models/gcn/load", json=missing, timeout=60)
+    assert bad.status_code == 400 and bad.json()["kind"] == "model_load_failed", bad.text
+    assert "not found" in bad.json()["error"]
+    assert _infer(url, "gcn", [1]).status_code == 404  # still unloaded, nothing half-built
     assert httpx.post(f"{url}/v2/repository/models/gcn/load", timeout=120).status_code == 200
     assert _probs(_infer(url, "gcn", NODES))[1].shape == (len(NODES), 4)
     assert _probs(_infer(url, "sage", NODES))[1].shape == (len(NODES), 4)

@@ -30,6 +30,7 @@ from gnnserve.errors import (
     GnnServeError,
     InvalidInputError,
     ShuttingDownError,
+    StoreFormatError,
     UnknownModelError,
     echo,
 )
@@ -45,6 +46,13 @@ class ModelStateError(GnnServeError):
 
     http_status = 409
     kind = "model_state"
+
+
+class ModelLoadError(GnnServeError):
+    """A model's checkpoint could not be loaded (400)."""
+
+    http_status = 400
+    kind = "model_load_failed"
 
 
 @dataclass
@@ -152,11 +160,15 @@ class ModelRepository:
                     "model_name",
                 )
             start = time.perf_counter()
-            engine = build_model_engine(self.base, path or model.path)  # type: ignore[union-attr]
-            for hook in self.on_engine:
-                hook(engine)
-            engine.start()
-            engine.warm_up()
+            engine = self._build(name, path or model.path, given=path is not None)  # type: ignore[union-attr]
+            try:
+                for hook in self.on_engine:
+                    hook(engine)
+                engine.start()
+                engine.warm_up()
+            except BaseException:
+                engine.stop()  # never served: its threads go, the shared store stays
+                raise
             release_freed_heap()  # what loading and the warm-up's forwards freed
             if model is None:
                 model = self._models[name] = ServedModel(name, str(path), None)
@@ -169,6 +181,17 @@ class ModelRepository:
                 name, engine.runner.version, time.perf_counter() - start,
             )  # fmt: skip
             return engine.runner.version
+
+    def _build(self, name: str, path: str, given: bool) -> Engine:
+        """A new engine of model ``name`` from checkpoint ``path``; a checkpoint that cannot be
+        loaded is a 400 (its reason shown for a path the client gave, else only in the log)."""
+        try:
+            return build_model_engine(self.base, path)
+        except (StoreFormatError, InvalidInputError) as exc:
+            log.warning("model %r could not be loaded from %s: %s", name, path, exc.message)
+            reason = f": {exc.message}" if given else " (the server log says why)"
+            message = f"model {echo(name)} could not be loaded{reason}"
+            raise ModelLoadError(message, "checkpoint") from None
 
     def unload(self, name: str) -> None:
         """Take ``name`` out of service and drain its engine (requests it admitted finish)."""
