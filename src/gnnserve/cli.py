@@ -644,6 +644,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     if not args.verbose:  # libraries that log their own set-up at INFO ("NumExpr defaulting ...")
         logging.getLogger("numexpr").setLevel(logging.WARNING)
+        logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per request it sends
     try:
         return int(args.func(args) or 0)
     except GnnServeError as exc:
