@@ -56,9 +56,11 @@ def start_server(
     *extra: str,
     stdout: IO[bytes] | None = None,
     stderr: IO[bytes] | None = None,
+    env: dict[str, str] | None = None,
 ) -> subprocess.Popen[bytes]:
     """Start ``gnnserve serve`` as a child process on loopback (``stdout`` / ``stderr``: where
-    its output goes, e.g. a file to read the request counts it prints when it stops)."""
+    its output goes, e.g. a file to read the request counts it prints when it stops; ``env``:
+    its environment, default this process's)."""
     cmd = [
         sys.executable,
         "-m",
@@ -72,7 +74,7 @@ def start_server(
         str(port),
         *extra,
     ]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env = {**(os.environ if env is None else env), "PYTHONUNBUFFERED": "1"}
     return subprocess.Popen(cmd, env=env, stdout=stdout, stderr=stderr)
 
 

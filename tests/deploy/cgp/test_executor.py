@@ -15,7 +15,8 @@ from gnnserve.cli import main
 from tests.dashboard import assert_dashboard_metrics_exported
 from tests.deploy.servers import metric, predict, served_together
 
-pytestmark = [pytest.mark.slow, pytest.mark.distributed]
+# the servers join the session's Ray instance (tests/deploy/servers.py)
+pytestmark = [pytest.mark.slow, pytest.mark.distributed, pytest.mark.usefixtures("ray_instance")]
 
 RNG = np.random.default_rng(3)
 NEW_NODES = {
@@ -32,7 +33,10 @@ def _logits_like(base: str, body: dict[str, object]) -> np.ndarray:
 def test_cgp_answers_equal_local(pe_store: Path, small_ckpt: Path) -> None:
     common = ["--fanouts", "5,3", "--new-node-mode", "srpe", "--gamma", "0.5"]
     cgp_flags = (*common, "--deploy", "cgp", "--deploy-workers", "2")
-    with served_together(pe_store, small_ckpt, tuple(common), cgp_flags) as (local, cgp):
+    with served_together(pe_store, small_ckpt, tuple(common), cgp_flags, join_ray=True) as (
+        local,
+        cgp,
+    ):
         srpe = {"new_nodes": NEW_NODES}
         assert metric(cgp, "gnnserve_deploy_cgp_requests") == 0
         want, got = _logits_like(local, srpe), _logits_like(cgp, srpe)

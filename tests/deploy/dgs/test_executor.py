@@ -17,7 +17,8 @@ import pytest
 from tests.dashboard import assert_dashboard_metrics_exported
 from tests.deploy.servers import metric, predict, served_together, update
 
-pytestmark = [pytest.mark.slow, pytest.mark.distributed]
+# the servers join the session's Ray instance (tests/deploy/servers.py)
+pytestmark = [pytest.mark.slow, pytest.mark.distributed, pytest.mark.usefixtures("ray_instance")]
 
 FANOUTS = ["--fanouts", "5,3"]
 NODES = [0, 7, 7, 123, 1999, 42, 500]
@@ -34,7 +35,8 @@ def test_dgs_answers_equal_local_presample_before_and_after_updates(
     local_log, dgs_log = str(tmp_path / "local.log"), str(tmp_path / "dgs.log")
     local_flags = [*FANOUTS, "--presample", "--update-log", local_log]
     dgs_flags = [*FANOUTS, "--deploy", "dgs", "--deploy-workers", "2", "--update-log", dgs_log]
-    with served_together(small_store, small_ckpt, tuple(local_flags), tuple(dgs_flags)) as (
+    flag_sets = (tuple(local_flags), tuple(dgs_flags))
+    with served_together(small_store, small_ckpt, *flag_sets, join_ray=True) as (
         local,
         dgs,
     ):
@@ -80,16 +82,12 @@ def test_dgs_answers_equal_local_presample_before_and_after_updates(
 
 
 def _kill_a_serving_worker(base: str) -> None:
-    """kill -9 one DGS serving worker (a Ray actor process under the server at ``base``)."""
-    port = int(base.rsplit(":", 1)[1])
-    server = next(
-        c.pid for c in psutil.net_connections("tcp") if c.laddr and c.laddr.port == port and c.pid
-    )
-    workers = [
-        p
-        for p in psutil.Process(server).children(recursive=True)
-        if "ServingWorker" in " ".join(p.cmdline())
-    ]
+    """kill -9 one DGS serving worker (a Ray actor process of the deployment at ``base``)."""
+    del base  # the server joined the session's Ray: its workers are the raylet's children
+    workers = []
+    for p in psutil.process_iter(["cmdline"]):
+        if "ServingWorker" in " ".join(p.info["cmdline"] or []):
+            workers.append(p)  # this deployment's: every other one has stopped its actors
     assert workers, "no DGS serving worker process found"
     workers[0].kill()
     workers[0].wait(30)

@@ -14,7 +14,8 @@ from gnnserve.cli import main
 from tests.dashboard import assert_dashboard_metrics_exported
 from tests.deploy.servers import metric, predict, served
 
-pytestmark = [pytest.mark.slow, pytest.mark.distributed]
+# the servers join the session's Ray instance (tests/deploy/servers.py)
+pytestmark = [pytest.mark.slow, pytest.mark.distributed, pytest.mark.usefixtures("ray_instance")]
 
 # full neighbourhoods: the sample is deterministic, so both servers must agree exactly
 FANOUTS = ["--fanouts=-1,-1"]
@@ -26,7 +27,7 @@ SAMPLED = ["--fanouts", "2,2"]
 def local(small_store: Path, small_ckpt: Path) -> Iterator[str]:
     """The reference: `serve` with the local deployment (default fanouts 2,2; a request may
     ask for full neighbourhoods), one server for the module."""
-    with served(small_store, small_ckpt, *SAMPLED) as base:
+    with served(small_store, small_ckpt, *SAMPLED, join_ray=True) as base:
         yield base
 
 
@@ -41,7 +42,9 @@ def test_faas_answers_equal_local_and_report_metrics(
 ) -> None:
     faas_flags = [*FANOUTS, "--deploy", "faas", "--remote", small_store.as_uri()]
     faas_flags += ["--launch", launch, "--memory-mb", "1500", "--sample-memory-mb", "1500"]
-    with served(small_store, small_ckpt, *faas_flags, "--keep-alive-s", "120") as faas:
+    with served(
+        small_store, small_ckpt, *faas_flags, "--keep-alive-s", "120", join_ray=True
+    ) as faas:
         want = _probs(local, NODES, fanouts=[-1, -1])
         np.testing.assert_allclose(_probs(faas, NODES), want, rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(_probs(faas, NODES), want, rtol=1e-5, atol=1e-6)  # warm
@@ -67,7 +70,7 @@ def test_min_instances_are_warm_and_a_seed_draws_as_local(
     it does), so the answers agree."""
     flags = [*SAMPLED, "--deploy", "faas", "--remote", small_store.as_uri(), "--launch", "fork"]
     flags += ["--min-instances", "1", "--memory-mb", "1500", "--sample-memory-mb", "1500"]
-    with served(small_store, small_ckpt, *flags) as faas:
+    with served(small_store, small_ckpt, *flags, join_ray=True) as faas:
         for function in ("sample", "infer"):
             assert metric(faas, f"gnnserve_deploy_faas_{function}_instances_idle") == 1
             assert metric(faas, f"gnnserve_deploy_faas_{function}_cold_starts") == 1

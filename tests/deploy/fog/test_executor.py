@@ -16,6 +16,9 @@ from gnnserve.errors import InvalidInputError
 from tests.dashboard import assert_dashboard_metrics_exported
 from tests.deploy.servers import metric, predict, served_together
 
+# the servers join the session's Ray instance (tests/deploy/servers.py)
+pytestmark = pytest.mark.usefixtures("ray_instance")
+
 NODES = (
     "nodes:\n  - {name: weak, cores: 0.3, link: wifi}\n"
     "  - {name: strong, link: 5g, fog_link: wifi}\n"
@@ -36,7 +39,7 @@ def test_fog_answers_equal_full_neighbourhood_inference(
     nodes.write_text(NODES)
     fog_flags = ["--deploy", "fog", "--nodes", str(nodes), "--fog-codec", "lossless"]
     full = "--fanouts=-1,-1"
-    with served_together(small_store, small_ckpt, (full,), (*fog_flags, full)) as (
+    with served_together(small_store, small_ckpt, (full,), (*fog_flags, full), join_ray=True) as (
         local,
         fog,
     ):

@@ -29,6 +29,9 @@ from tests.deploy.fog.test_service import graph as graph  # noqa: F401 - the mod
 from tests.deploy.servers import metric, predict, served
 from tests.embeddings.reference import layer_outputs
 
+# the servers join the session's Ray instance (tests/deploy/servers.py)
+pytestmark = pytest.mark.usefixtures("ray_instance")
+
 GNNSERVE = str(Path(sys.executable).with_name("gnnserve"))
 NODES = [NodeSpec("a", None, "wifi"), NodeSpec("b", None, "wifi")]
 
@@ -102,7 +105,9 @@ def test_served_rounds_come_from_the_gateways_of_the_written_plan(
         "2",
         "--fanouts=-1,-1",
     ]
-    with served(small_store, small_ckpt, *flags, "--fog-gateways", str(plan_dir)) as fog:
+    with served(
+        small_store, small_ckpt, *flags, "--fog-gateways", str(plan_dir), join_ray=True
+    ) as fog:
         r = httpx.post(f"{fog}/v1/predict", json={"nodes": [1]}, timeout=30)  # 2 s deadline
         assert r.status_code == 503 and r.json()["error"]["field"] == "fog_gateways"
         plan = json.loads((plan_dir / "plan.json").read_text())
