@@ -187,3 +187,21 @@ def test_models_share_the_graph_features_and_samplers(
     tiered.store.tiers = "ram=1.0"
     with pytest.raises(InvalidInputError, match="--tiers"):
         build_models(tiered)
+
+
+def test_tritonclient_drives_the_repository(two_models: tuple[str, Path]) -> None:
+    """Triton's own client: index, load (a reload of the same checkpoint: same version), the
+    readiness it reports, and an unload of an unknown model as its exception."""
+    import tritonclient.http as triton
+    from tritonclient.utils import InferenceServerException
+
+    url, _ = two_models
+    client = triton.InferenceServerClient(url=url.removeprefix("http://"))
+    index = {m["name"]: m for m in client.get_model_repository_index()}
+    assert {"sage", "gcn"} <= set(index) and index["sage"]["state"] == "READY"
+    client.load_model("sage")
+    assert client.get_model_metadata("sage")["versions"] == [index["sage"]["version"]]
+    assert client.is_model_ready("sage")
+    with pytest.raises(InferenceServerException) as info:
+        client.unload_model("nope")
+    assert info.value.status() == "404" and "not loaded" in info.value.message()
