@@ -29,7 +29,7 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/gnnserve demo
 
-# The gRPC messages' descriptor set, from the .proto (the server loads it: server/oip_grpc.py).
+# The gRPC messages' descriptor set, from the .proto (the server loads it: server/oip_grpc_messages.py).
 PROTO_DIR := src/gnnserve/server/proto
 proto: $(STAMP)
 	$(BIN)/python -m grpc_tools.protoc -I$(PROTO_DIR) --descriptor_set_out=$(PROTO_DIR)/grpc_predict_v2.binpb $(PROTO_DIR)/grpc_predict_v2.proto

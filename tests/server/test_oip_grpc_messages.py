@@ -8,7 +8,7 @@ from pathlib import Path
 
 from google.protobuf import descriptor_pb2
 
-from gnnserve.server.oip_grpc import DESCRIPTORS, MESSAGES
+from gnnserve.server.oip_grpc_messages import DESCRIPTORS, MESSAGES
 
 
 def test_the_descriptor_set_is_the_proto_compiled(tmp_path: Path) -> None:

@@ -23,7 +23,6 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gnnserve.dynamic.bulk import ARROW_STREAM
-from gnnserve.engine.admission import Admission
 from gnnserve.engine.engine import Engine
 from gnnserve.engine.placement import tier_stats
 from gnnserve.errors import (
@@ -56,12 +55,12 @@ from gnnserve.server.schemas import (
     UpdatesRequest,
     UpdatesResponse,
 )
-from gnnserve.server.shedding import SheddingMiddleware
+from gnnserve.server.shedding import SheddingMiddleware, admission_by_path
 from gnnserve.server.workers import WorkerSlot, all_metrics
 from gnnserve.types import Result
 
 if TYPE_CHECKING:
-    from gnnserve.server.oip_grpc import OipGrpcServer
+    pass
 
 log = logging.getLogger(__name__)
 
@@ -183,22 +182,6 @@ def _watch_freshness(metrics: ServerMetrics, engine: Engine) -> None:
         )
 
 
-def _admission_for(models: ModelRepository) -> Callable[[str], Admission]:
-    """The admission the shedding middleware asks for a path: the named model's under
-    ``/v2/models/{name}/``, else the first model's."""
-
-    def admission(path: str) -> Admission:
-        parts = path.split("/")
-        if len(parts) > 3 and parts[1:3] == ["v2", "models"]:
-            try:
-                return models.get(parts[3]).admission
-            except GnnServeError:
-                pass  # the route answers the 404
-        return models.base.admission
-
-    return admission
-
-
 def _count(metrics: ServerMetrics) -> Callable[[str], None]:
     return lambda kind: metrics.errors.labels(kind).inc()
 
@@ -214,31 +197,6 @@ def _warm_up(engines: list[Engine]) -> None:
     gc.collect()
     gc.freeze()
     release_freed_heap()  # what the warm-up's forwards freed
-
-
-async def _start_grpc(
-    app: FastAPI,
-    models: ModelRepository,
-    metrics: ServerMetrics,
-    api_keys: ApiKeys | None,
-) -> OipGrpcServer | None:
-    """The gRPC front end on ``server.grpc_port`` when set (its port in app.state.grpc_port)."""
-    s = models.base.config.server
-    if s.grpc_port is None:
-        return None
-    from gnnserve.server.oip_grpc import OipGrpcServer
-
-    server = OipGrpcServer(
-        models,
-        metrics,
-        app.state.oip_stats,
-        api_keys,
-        app.state.max_body_bytes,
-        oip.EXTENSIONS,
-        reuse_port=app.state.workers is not None,
-    )
-    app.state.grpc_port = await server.start(s.host, s.grpc_port)
-    return server
 
 
 def create_app(
@@ -280,7 +238,11 @@ def create_app(
         # start-up heap keeps later collections to what requests allocate.
         gc.collect()
         gc.freeze()
-        grpc_server = await _start_grpc(app, models, metrics, api_keys)
+        grpc_server = None
+        if engine.config.server.grpc_port is not None:  # grpcio loads only when asked for
+            from gnnserve.server.oip_grpc import start_grpc
+
+            grpc_server = await start_grpc(app, models, metrics, api_keys, oip.EXTENSIONS)
         # after the port is bound: live answers at once, ready (503 until then) once warm
         warming = asyncio.create_task(asyncio.to_thread(_warm_up, models.engines()))
         yield
@@ -299,7 +261,10 @@ def create_app(
     app.state.model_name = model_name
     app.state.requests = RequestCounts()  # `gnnserve serve` reports them when it stops
     app.add_middleware(
-        SheddingMiddleware, admission_for=_admission_for(models), metrics=metrics, loop_lag=loop_lag
+        SheddingMiddleware,
+        admission_for=admission_by_path(models),
+        metrics=metrics,
+        loop_lag=loop_lag,
     )
     app.add_middleware(CountRequests, counts=app.state.requests)
     _limit_and_guard(app, engine, metrics, api_keys)

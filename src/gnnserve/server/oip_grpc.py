@@ -10,8 +10,8 @@ request's deadline) and the same ``/metrics`` (endpoints ``grpc_infer`` and
 always go out as ``raw_output_contents``. A request parameter ``fanouts`` may be a string
 ("10,5"): a gRPC parameter cannot hold a list.
 
-The messages are built from the checked-in descriptor set, in a descriptor pool of their own,
-so that a process holding another copy of these message names (tritonclient's) loads both.
+The messages and their conversion to and from the transport-free carriers:
+``server.oip_grpc_messages``.
 """
 
 from __future__ import annotations
@@ -19,39 +19,23 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 from typing import Any
 
 import grpc
-import numpy as np
-from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
 from gnnserve.engine.admission import REQUEST, RequestContext
 from gnnserve.engine.engine import Engine
-from gnnserve.errors import (
-    GnnServeError,
-    InvalidInputError,
-    OverloadedError,
-    echo,
-)
+from gnnserve.errors import GnnServeError, OverloadedError
 from gnnserve.server import oip_infer
 from gnnserve.server.auth import ApiKeys, ForbiddenError, UnauthorizedError
 from gnnserve.server.metrics import ServerMetrics
 from gnnserve.server.models import ModelRepository
 from gnnserve.server.oip import SERVER_NAME, SERVER_VERSION, Statistics, ready
-from gnnserve.server.oip_tensors import (
-    DATATYPES,
-    InferAnswer,
-    InferCall,
-    Tensor,
-    from_bytes,
-    from_values,
-)
+from gnnserve.server.oip_grpc_messages import MESSAGES, to_call, to_response
 
 log = logging.getLogger(__name__)
 
 SERVICE = "inference.GRPCInferenceService"
-DESCRIPTORS = Path(__file__).with_name("proto") / "grpc_predict_v2.binpb"
 STOP_GRACE_S = 30.0  # in-flight calls finish within this when the server stops
 _CODES = {  # HTTP status of a GnnServeError -> gRPC status code
     400: grpc.StatusCode.INVALID_ARGUMENT,
@@ -64,39 +48,6 @@ _CODES = {  # HTTP status of a GnnServeError -> gRPC status code
     503: grpc.StatusCode.UNAVAILABLE,
     504: grpc.StatusCode.DEADLINE_EXCEEDED,
 }
-# typed contents field of each datatype (raw contents need none)
-_CONTENTS = {
-    "BOOL": "bool_contents",
-    "INT8": "int_contents",
-    "INT16": "int_contents",
-    "INT32": "int_contents",
-    "INT64": "int64_contents",
-    "UINT8": "uint_contents",
-    "UINT16": "uint_contents",
-    "UINT32": "uint_contents",
-    "UINT64": "uint64_contents",
-    "FP32": "fp32_contents",
-    "FP64": "fp64_contents",
-}
-
-
-def _message_classes() -> dict[str, Any]:
-    pool = descriptor_pool.DescriptorPool()
-    for file in descriptor_pb2.FileDescriptorSet.FromString(DESCRIPTORS.read_bytes()).file:
-        pool.Add(file)
-    names = [
-        f"{kind}{part}"
-        for kind in ("ServerLive", "ServerReady", "ModelReady", "ServerMetadata")
-        + ("ModelMetadata", "ModelInfer")
-        for part in ("Request", "Response")
-    ]
-    return {
-        n: message_factory.GetMessageClass(pool.FindMessageTypeByName(f"inference.{n}"))
-        for n in names
-    }
-
-
-MESSAGES = _message_classes()
 
 
 class OipGrpcServer:
@@ -256,75 +207,26 @@ class PortInUseError(GnnServeError):
     kind = "port_in_use"
 
 
-def _parameter(value: Any) -> Any:
-    kind = value.WhichOneof("parameter_choice")
-    return None if kind is None else getattr(value, kind)
-
-
-def _parameters(params: Any) -> dict[str, Any]:
-    out = {key: _parameter(value) for key, value in params.items()}
-    fanouts = out.get("fanouts")
-    if isinstance(fanouts, str):  # "10,5": a gRPC parameter holds no list
-        try:
-            out["fanouts"] = [int(part) for part in fanouts.split(",")]
-        except ValueError:
-            raise InvalidInputError(
-                f"fanouts must be comma-separated ints such as '10,5', got {echo(fanouts)}",
-                "fanouts",
-            ) from None
-    return out
-
-
-def to_call(request: Any) -> InferCall:
-    """The :class:`InferCall` of a ``ModelInferRequest`` (raw or typed input contents)."""
-    raw = list(request.raw_input_contents)
-    if raw and len(raw) != len(request.inputs):
-        raise InvalidInputError(
-            f"raw_input_contents holds {len(raw)} entries for {len(request.inputs)} inputs",
-            "raw_input_contents",
-        )
-    inputs: list[Tensor] = []
-    for i, t in enumerate(request.inputs):
-        shape = list(t.shape)
-        if raw:
-            inputs.append(from_bytes(t.name, t.datatype, shape, raw[i]))
-            continue
-        field = _CONTENTS.get(t.datatype)
-        if field is None:
-            raise InvalidInputError(
-                f"{echo(t.name)} datatype {echo(t.datatype)} is not one of {sorted(DATATYPES)}"
-                " (FP16 is sent as raw contents only)",
-                t.name,
-            )
-        values = np.asarray(getattr(t.contents, field))
-        inputs.append(from_values(t.name, t.datatype, shape, values))
-    outputs = [o.name for o in request.outputs]
-    return InferCall(
-        model=request.model_name,
-        inputs=inputs,
-        outputs=outputs,
-        parameters=_parameters(request.parameters),
-        id=request.id or None,
-        version=request.model_version or None,
+async def start_grpc(
+    app: Any,
+    models: ModelRepository,
+    metrics: ServerMetrics,
+    api_keys: ApiKeys | None,
+    extensions: list[str],
+) -> OipGrpcServer | None:
+    """The gRPC front end of ``app`` on ``server.grpc_port`` when set (the port bound goes to
+    ``app.state.grpc_port``; the workers of ``serve --workers`` share it)."""
+    s = models.base.config.server
+    if s.grpc_port is None:
+        return None
+    server = OipGrpcServer(
+        models,
+        metrics,
+        app.state.oip_stats,
+        api_keys,
+        app.state.max_body_bytes,
+        extensions,
+        reuse_port=app.state.workers is not None,
     )
-
-
-def to_response(answer: InferAnswer) -> Any:
-    """The ``ModelInferResponse`` of an answer: outputs as raw contents, in order."""
-    response = MESSAGES["ModelInferResponse"](
-        model_name=answer.model, model_version=answer.version, id=answer.id or ""
-    )
-    for key, value in answer.parameters.items():
-        param = response.parameters[key]
-        if isinstance(value, bool):
-            param.bool_param = value
-        elif isinstance(value, int):
-            param.int64_param = value
-        elif isinstance(value, float):
-            param.double_param = value
-        elif value is not None:
-            param.string_param = str(value)
-    for t in answer.outputs:
-        response.outputs.add(name=t.name, datatype=t.datatype, shape=list(t.shape))
-        response.raw_output_contents.append(t.as_bytes())
-    return response
+    app.state.grpc_port = await server.start(s.host, s.grpc_port)
+    return server

@@ -34,6 +34,7 @@ from gnnserve.errors import GnnServeError, InvalidInputError, OverloadedError
 from gnnserve.server.limits import retry_after
 from gnnserve.server.looplag import LoopLag
 from gnnserve.server.metrics import ServerMetrics
+from gnnserve.server.models import ModelRepository
 
 _HEADER = TIMEOUT_HEADER.lower().encode("latin-1")
 _OVERLOADED = json.dumps(
@@ -127,3 +128,19 @@ class SheddingMiddleware:
         if counter is not None:
             counter.inc()
         await _answer(send, exc.http_status, json.dumps(exc.to_json()).encode(), [])
+
+
+def admission_by_path(models: ModelRepository) -> Callable[[str], Admission]:
+    """The admission the shedding middleware asks for a path: the named model's under
+    ``/v2/models/{name}/``, else the first model's."""
+
+    def admission(path: str) -> Admission:
+        parts = path.split("/")
+        if len(parts) > 3 and parts[1:3] == ["v2", "models"]:
+            try:
+                return models.get(parts[3]).admission
+            except GnnServeError:
+                pass  # the route answers the 404
+        return models.base.admission
+
+    return admission
