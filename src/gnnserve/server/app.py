@@ -14,7 +14,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from fastapi import FastAPI, Request
@@ -58,9 +58,6 @@ from gnnserve.server.schemas import (
 from gnnserve.server.shedding import SheddingMiddleware, admission_by_path
 from gnnserve.server.workers import WorkerSlot, all_metrics
 from gnnserve.types import Result
-
-if TYPE_CHECKING:
-    pass
 
 log = logging.getLogger(__name__)
 
