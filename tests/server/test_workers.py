@@ -22,13 +22,16 @@ from gnnserve.ports import free_port
 from gnnserve.server.workers import PEERS_ENV, SLOT_ENV, merge_expositions
 
 NODES = list(range(0, 2000, 37))
+GRPC_PORT = free_port()
 
 
 @pytest.fixture(scope="module")
 def two_workers(small_store: Path, small_ckpt: Path) -> Iterator[tuple[str, psutil.Process]]:
-    """A `serve --workers 2` (model 'sage', fanouts [-1, -1]): (URL, supervisor process)."""
+    """A `serve --workers 2` (model 'sage', fanouts [-1, -1], gRPC on ``GRPC_PORT``): (URL,
+    supervisor process)."""
     port = free_port()
     flags = ["--workers", "2", "--name", "sage", "--fanouts=-1,-1", "--max-nodes", "64"]
+    flags += ["--grpc-port", str(GRPC_PORT)]
     proc = start_server(small_store, small_ckpt, port, *flags)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -93,15 +96,34 @@ def test_metrics_and_readiness_speak_for_every_worker(
     assert httpx.get(f"{url}/v2/health/ready").status_code == 200
 
 
-def _count(exposition: str, worker: str | None) -> float:
-    """/v1/predict requests counted in ``exposition`` (one worker's, or ``worker``'s)."""
+def test_grpc_calls_reach_the_workers_on_one_port(
+    two_workers: tuple[str, psutil.Process], live_server: str
+) -> None:
+    """Every worker listens on the gRPC port too: fresh connections are answered, as HTTP
+    answers, and the merged metrics count each call once."""
+    import tritonclient.grpc as triton
+
+    url, _ = two_workers
+    before = _count(httpx.get(f"{url}/metrics").text, None, "grpc_infer")
+    for _ in range(6):
+        client = triton.InferenceServerClient(url=f"127.0.0.1:{GRPC_PORT}")
+        ids = triton.InferInput("node_ids", [3], "INT64")
+        ids.set_data_from_numpy(np.array(NODES[:3], dtype=np.int64))
+        got = client.infer("sage", [ids]).as_numpy("label")
+        assert got.tolist() == _predict(live_server, nodes=NODES[:3])
+        client.close()
+    assert _count(httpx.get(f"{url}/metrics").text, None, "grpc_infer") == before + 6
+
+
+def _count(exposition: str, worker: str | None, endpoint: str = "predict") -> float:
+    """Requests to ``endpoint`` counted in ``exposition`` (every worker's, or ``worker``'s)."""
     for family in text_string_to_metric_families(exposition):
         if family.name == "gnnserve_requests":
             return sum(
                 s.value
                 for s in family.samples
                 if s.name.endswith("_total")
-                and s.labels.get("endpoint") == "predict"
+                and s.labels.get("endpoint") == endpoint
                 and (worker is None or s.labels.get("worker") == worker)
             )
     return 0.0
