@@ -5,6 +5,7 @@ readiness for both, survive a kill -9 of one, and stop cleanly; refused where th
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
 from collections.abc import Iterator
@@ -135,11 +136,12 @@ def _store_mappings(pid: int, store: Path) -> dict[str, dict[str, int]]:
     current = None
     for line in Path(f"/proc/{pid}/smaps").read_text().splitlines():
         head = line.split()
-        if len(head) >= 6 and "-" in head[0] and head[5].startswith(str(store)):
-            current = out.setdefault(head[5], {"Rss": 0, "Pss": 0})
-        elif len(head) >= 6 and "-" in head[0]:
-            current = None
-        elif current is not None and head[0].rstrip(":") in ("Rss", "Pss"):
+        if head and re.fullmatch(r"[0-9a-f]+-[0-9a-f]+", head[0]):  # a mapping (5 or 6 fields)
+            path = head[5] if len(head) >= 6 else ""
+            current = (
+                out.setdefault(path, {"Rss": 0, "Pss": 0}) if path.startswith(str(store)) else None
+            )
+        elif current is not None and head and head[0].rstrip(":") in ("Rss", "Pss"):
             current[head[0].rstrip(":")] += int(head[1])
     return out
 
