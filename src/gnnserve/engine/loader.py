@@ -26,6 +26,7 @@ from gnnserve.embeddings.stores import default_embeddings_dir, open_embeddings
 from gnnserve.engine.engine import Engine
 from gnnserve.engine.executor import check_deploy
 from gnnserve.engine.placement import TierRefresher, parse_tiers, place
+from gnnserve.engine.planner import Planner
 from gnnserve.errors import (
     GnnServeError,
     InvalidInputError,
@@ -100,15 +101,34 @@ def build_engine(config: ServeConfig) -> Engine:
     except BaseException:
         store.close()
         raise
+    return _engine(store.view, store.features, runner, config, store, pes, problem, refresher)
+
+
+def _engine(
+    graph: GraphStore,
+    features: FeatureStore,
+    runner: ModelRunner,
+    config: ServeConfig,
+    store: DynamicStore | None,
+    pes: EmbeddingStore | None,
+    problem: GnnServeError | None,
+    refresher: PeRefresher | None,
+    planner: Planner | None = None,
+    owns_store: bool = True,
+) -> Engine:
+    """The Engine over an update log's store (or none), its PE refresher stopped with it;
+    ``planner`` and ``owns_store`` (False) for a model served beside another one."""
     engine = Engine(
-        store.view,
-        store.features,
+        graph,
+        features,
         runner,
         config,
         updates=store,
         embeddings=pes,
         embeddings_error=problem,
         refresher=refresher,
+        planner=planner,
+        owns_store=owns_store,
     )
     if refresher is not None:
         engine.on_stop.append(refresher.close)
@@ -150,21 +170,10 @@ def build_model_engine(base: Engine, model_path: str) -> Engine:
     store = base.updates
     pes, problem = load_embeddings(config, base.graph, ckpt.version)
     refresher = None if store is None else _refresher(config, ckpt.model, store, pes)
-    engine = Engine(
-        base.graph,
-        base.features,
-        runner,
-        config,
-        updates=store,
-        embeddings=pes,
-        embeddings_error=problem,
-        refresher=refresher,
-        planner=planner,
-        owns_store=False,
-    )
-    if refresher is not None:
-        engine.on_stop.append(refresher.close)
-    return engine
+    return _engine(
+        base.graph, base.features, runner, config, store, pes, problem, refresher,
+        planner=planner, owns_store=False,
+    )  # fmt: skip
 
 
 def _check_shareable(config: ServeConfig) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,7 +26,7 @@ from gnnserve.server.metrics import ServerMetrics
 from gnnserve.server.models import ModelRepository
 from gnnserve.server.oip_http import answer_response, read_call
 from gnnserve.server.oip_repository import add_repository_routes
-from gnnserve.server.oip_tensors import InferAnswer
+from gnnserve.server.oip_tensors import InferAnswer, InferCall
 from gnnserve.server.schemas import InferRequest
 from gnnserve.server.workers import peers_ready
 
@@ -99,6 +100,31 @@ def model_config(engine: Engine, name: str) -> dict[str, Any]:
         "output": tensors(meta["outputs"]),
         "parameters": {"fanouts": {"string_value": ",".join(map(str, fanouts))}},
     }
+
+
+async def run_counted(
+    models: ModelRepository,
+    stats: Statistics,
+    metrics: ServerMetrics,
+    name: str,
+    version: str | None,
+    call: Awaitable[InferCall],
+    transport: str,
+) -> tuple[InferCall, InferAnswer]:
+    """Await ``call`` (the request, decoded) and run it on model ``name`` (``version``); it
+    counts in the model's statistics (a failure too, decoding included) and on /metrics as
+    endpoint ``<transport>infer`` or ``<transport>infer_new_nodes`` ("" HTTP, "grpc_" gRPC)."""
+    start = time.perf_counter_ns()
+    answer = None
+    try:
+        decoded = await call
+        answer = await models.run(name, version, lambda e: oip_infer.run_infer(e, decoded))
+    finally:
+        elapsed = time.perf_counter_ns() - start
+        stats.of(name).record(answer is not None, elapsed, answer.rows if answer else 0)
+    kind = "infer_new_nodes" if answer.new_nodes else "infer"
+    metrics.answered(transport + kind, name, elapsed / 1e9)
+    return decoded, answer
 
 
 def ready(engine: Engine) -> bool:
@@ -196,17 +222,8 @@ def add_routes(
         """Run inference on existing nodes (``node_ids``) or new nodes; outputs default to
         ``label``. JSON, or the binary tensor data extension (``server.oip_http``)."""
         models.get(name, version)  # 404 before the body is read
-        start = time.perf_counter_ns()
-        ok = False
-        try:
-            call = await read_call(request, name, app.state.max_body_bytes)
-            answer = await models.run(name, version, lambda e: oip_infer.run_infer(e, call))
-            ok = True
-        finally:
-            elapsed = time.perf_counter_ns() - start
-            stats.of(name).record(ok, elapsed, _answered(answer) if ok else 0)
-        endpoint = "infer" if answer.parameters.get("new_nodes") is None else "infer_new_nodes"
-        metrics.answered(endpoint, name, (time.perf_counter_ns() - start) / 1e9)
+        body = read_call(request, name, app.state.max_body_bytes)
+        call, answer = await run_counted(models, stats, metrics, name, version, body, "")
         return answer_response(answer, call)
 
     for path in ("/v2/models/{name}/infer", "/v2/models/{name}/versions/{version}/infer"):
@@ -230,9 +247,3 @@ class NotOfferedError(GnnServeError):
 
     http_status = 404
     kind = "not_found"
-
-
-def _answered(answer: InferAnswer) -> int:
-    """The nodes an answer is for: the rows of its first output."""
-    first = answer.outputs[0]
-    return int(first.shape[0]) if first.shape else 1

@@ -30,8 +30,9 @@ from gnnserve.server import oip_infer
 from gnnserve.server.auth import ApiKeys, ForbiddenError, UnauthorizedError
 from gnnserve.server.metrics import ServerMetrics
 from gnnserve.server.models import ModelRepository
-from gnnserve.server.oip import SERVER_NAME, SERVER_VERSION, Statistics, ready
+from gnnserve.server.oip import SERVER_NAME, SERVER_VERSION, Statistics, ready, run_counted
 from gnnserve.server.oip_grpc_messages import MESSAGES, to_call, to_response
+from gnnserve.server.oip_tensors import InferCall
 
 log = logging.getLogger(__name__)
 
@@ -184,18 +185,16 @@ class OipGrpcServer:
             )
         ctx = RequestContext(now, deadline)
         token = REQUEST.set(ctx)
-        ok = False
+
+        async def decoded() -> InferCall:
+            return to_call(request)
+
         try:
-            call = to_call(request)
-            answer = await self.models.run(name, version, lambda e: oip_infer.run_infer(e, call))
-            ok = True
+            _, answer = await run_counted(
+                self.models, self.stats, self.metrics, name, version, decoded(), "grpc_"
+            )
         finally:
             REQUEST.reset(token)
-            elapsed_ns = int((time.perf_counter() - now) * 1e9)
-            nodes = int(answer.outputs[0].shape[0]) if ok else 0
-            self.stats.of(name).record(ok, elapsed_ns, nodes)
-        endpoint = "grpc_infer" if "new_nodes" not in answer.parameters else "grpc_infer_new_nodes"
-        self.metrics.answered(endpoint, name, time.perf_counter() - now)
         response = to_response(answer)
         ctx.answered(time.perf_counter())
         return response

@@ -51,7 +51,8 @@ def add_repository_routes(
 ) -> None:
     """Register the repository extension's endpoints on ``app``."""
 
-    @app.api_route("/v2/repository/index", methods=["GET", "POST"], responses=errors)
+    @app.get("/v2/repository/index", responses=errors)
+    @app.post("/v2/repository/index", responses=errors, operation_id="repository_index_post")
     async def index() -> list[dict[str, Any]]:
         """Every model: name, version served, state."""
         return models.index()

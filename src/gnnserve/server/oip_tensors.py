@@ -82,6 +82,17 @@ class InferAnswer:
     parameters: dict[str, Any] = field(default_factory=dict)
     id: str | None = None
 
+    @property
+    def rows(self) -> int:
+        """The nodes (or new nodes) answered: the rows of the first output."""
+        first = self.outputs[0]
+        return int(first.shape[0]) if first.shape else 1
+
+    @property
+    def new_nodes(self) -> bool:
+        """Whether it answers new nodes (their parameters come with it)."""
+        return "new_nodes" in self.parameters
+
 
 def element_count(shape: tuple[int, ...] | list[int], name: str) -> int:
     """The elements of ``shape``; InvalidInputError naming ``name`` for a negative dimension."""

@@ -29,7 +29,6 @@ from gnnserve.engine.admission import (
     RequestContext,
     parse_timeout_ms,
 )
-from gnnserve.engine.engine import Engine
 from gnnserve.errors import GnnServeError, InvalidInputError, OverloadedError
 from gnnserve.server.limits import retry_after
 from gnnserve.server.looplag import LoopLag
@@ -73,15 +72,11 @@ class SheddingMiddleware:
     def __init__(
         self,
         app: ASGIApp,
-        engine: Engine | None = None,
+        admission_for: Callable[[str], Admission],
         metrics: ServerMetrics | None = None,
         loop_lag: LoopLag | None = None,
-        admission_for: Callable[[str], Admission] | None = None,
     ) -> None:
         self.app = app
-        if admission_for is None:
-            assert engine is not None, "give an engine or admission_for"
-            admission_for = lambda _path, admission=engine.admission: admission  # noqa: E731
         self.admission_for = admission_for  # the admission of the model a path names
         self.loop_lag = loop_lag
         self._refused: Any = metrics.errors.labels("overloaded") if metrics is not None else None
