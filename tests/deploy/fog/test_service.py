@@ -124,15 +124,16 @@ def test_fograph_answers_on_the_decoded_uploads_before_and_after_a_migration(
         if svc.quotas[2] is None:
             pytest.skip("no CPU quotas on this machine: cannot script a load change")
         svc.set_cores(2, 0.05)  # background load on the strong node
-        first: np.ndarray | None = None
-        # until two rounds after its first move, 12 at most: with other processes on the
-        # machine's cores the first rounds after the cut can be slow on every node (no skew to
-        # act on); on an idle machine it moved within the first 4
-        after_move = 0
+        at_cut = int((svc.membership == 2).sum())
+        # until two rounds after the slowed node first lost vertices, 12 rounds at most: with
+        # other processes on the machine's cores the first rounds after the cut can be slow on
+        # every node (a noise-driven move between the other two may come first); on an idle
+        # machine it moved within the first 4
+        after_move, moves = 0, 0
         for seed in range(4, 16):
             if after_move == 2:
                 break
-            after_move += first is not None
+            after_move += int((svc.membership == 2).sum()) < at_cut
             x = _readings(seed)
             before = svc.membership.copy()
             report = svc.round(x)
@@ -140,10 +141,11 @@ def test_fograph_answers_on_the_decoded_uploads_before_and_after_a_migration(
             want = _reference(model, graph, _received(svc, x, before))
             np.testing.assert_allclose(report.logits, want, atol=1e-5)
             assert report.decision is not None
-            if report.decision.mode != "keep" and first is None:
-                first = before[report.decision.moved]
-        assert first is not None, "the scheduler never reacted to a node slowed 20x in 12 rounds"
-        assert (first == 2).mean() > 0.5  # its first move takes vertices off the slowed node
+            moves += report.decision.mode != "keep"
+        assert moves, "the scheduler never reacted to a node slowed 20x in 12 rounds"
+        # its moves (diffusion steps, or re-plans that move vertices between every pair of
+        # fogs) took vertices off the slowed node
+        assert int((svc.membership == 2).sum()) < at_cut
 
 
 def _check_slow_rounds_are_warned_once(svc: FogService, x: np.ndarray, caplog) -> None:  # type: ignore[no-untyped-def]
