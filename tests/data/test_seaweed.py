@@ -68,6 +68,9 @@ def test_restart_on_the_same_directory_keeps_the_objects(tmp_path: Path) -> None
         assert open_blobs("s3://keep/p", second.options()).get("a.bin") == b"kept bytes"
     leftover = [s for p in second.ports for s in Path("/tmp").glob(f"seaweedfs-*-{p + GRPC}.sock")]
     assert leftover == []
+    # glog's log files went to the store's directory, not the system temp dir
+    logs = [p for s in (first, second) for p in Path("/tmp").glob(f"weed.*.log.*.{s.pid}")]
+    assert logs == [] and list(tmp_path.glob(f"weed.*.log.INFO.*.{second.pid}"))
 
 
 def test_bad_bucket_name_is_refused_before_starting(tmp_path: Path) -> None:

@@ -217,6 +217,7 @@ def _flags(data_dir: Path, bucket: str, s3_port: int, ports: list[int]) -> list[
     """``weed mini`` arguments: ``ports`` are master, volume, filer, admin, metrics."""
     named = dict(zip((*_SERVERS, "metrics"), ports, strict=True))
     flags = [
+        f"-logdir={data_dir}",  # glog's files (weed.*.log.*), else in /tmp, outliving the store
         "mini",
         f"-dir={data_dir / 'data'}",
         "-ip=127.0.0.1",

@@ -8,6 +8,7 @@ the last layer is recomputed) and CGP (P = 2 Ray workers over gloo) against sing
 
 from __future__ import annotations
 
+import os
 import pickle
 import subprocess
 import sys
@@ -291,3 +292,21 @@ def test_cgp_matches_single_process_srpe(store: Path) -> None:
             assert max_diff(got.logits, want.logits) < TOL, gamma
             assert max_diff(got.embedding, want.embedding) < TOL, gamma
             assert got.traffic is not None and got.traffic.bytes_by["layer 3 partials"] > 0
+
+
+def test_pyg_generated_modules_are_removed_when_the_process_exits(tmp_path) -> None:
+    """PyG writes a ``propagate`` module per conv class and process into the temp dir; a
+    process that imported gnnserve's architectures leaves none behind."""
+    script = (
+        "import sys, gnnserve.models.arch\n"
+        "from torch_geometric.nn import SAGEConv, GATConv\n"
+        "SAGEConv(4, 4), GATConv(4, 4)\n"
+        "print('\\n'.join(m.__file__ for n, m in sys.modules.items()"
+        " if n.startswith('torch_geometric.') and n.endswith(('_propagate', '_edge_updater'))))\n"
+    )
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    out = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True
+    ).stdout.split()
+    assert len(out) == 3 and all(p.startswith(str(tmp_path)) for p in out)  # they were written
+    assert list(tmp_path.iterdir()) == []  # and removed at exit

@@ -11,11 +11,39 @@ torch_geometric at import time: CGP workers import them. Importing this package 
 ``torch._dynamo`` (:mod:`gnnserve.deferred_imports`) before any architecture imports PyG.
 """
 
+import atexit
+import os
+import sys
+import tempfile
+
 from gnnserve.deferred_imports import defer_torch_dynamo
 
 defer_torch_dynamo()
 
+
+def remove_pyg_template_files() -> list[str]:
+    """Remove the files PyG wrote for this process: each conv class's generated
+    ``propagate``/``edge_updater`` module, a new ``torch_geometric.*.py`` in the temp dir per
+    process that PyG never removes (thousands after a test run). Runs at exit; the loaded
+    modules keep working. Returns the paths removed."""
+    removed = []
+    for name, module in list(sys.modules.items()):
+        path = getattr(module, "__file__", None)
+        generated = name.startswith("torch_geometric.") and name.endswith(
+            ("_propagate", "_edge_updater")
+        )
+        if generated and path and os.path.dirname(path) == tempfile.gettempdir():
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                continue
+            removed.append(path)
+    return removed
+
+
+atexit.register(remove_pyg_template_files)
+
 from gnnserve.models.arch import gat, gcn, sage  # noqa: E402
 from gnnserve.models.arch.base import MODELS, Architecture, register  # noqa: E402
 
-__all__ = ["MODELS", "Architecture", "gat", "gcn", "register", "sage"]
+__all__ = ["MODELS", "Architecture", "gat", "gcn", "register", "remove_pyg_template_files", "sage"]
