@@ -16,7 +16,7 @@ from gnnserve.sampling.warmup import warm_up_presample_updates
 def test_warm_up_compiles_update_and_presample_kernels() -> None:
     warm_up_updates()
     warm_up_presample_updates([3, 2])
-    kernels = [dynamic._apply_events, dynamic._compact, pk.build, pk.step_events, pk.assemble]
+    kernels = [dynamic._apply_events, dynamic._compact, pk.build, pk.apply_events, pk.assemble]
     for kernel in kernels:
         assert kernel.signatures, f"{kernel.__name__} was not compiled by the warm-up"
     assert warm_up_updates() == 0.0  # once per process
@@ -34,7 +34,7 @@ from gnnserve.sampling import presample_kernels as pk
 
 kernels = {
     "apply_events": dg._apply_events, "compact": dg._compact, "count": dg._count,
-    "step_events": pk.step_events, "resolve_delete": pk.resolve_delete,
+    "presample_events": pk.apply_events,
 }
 
 def compiled():

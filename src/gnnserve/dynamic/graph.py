@@ -17,6 +17,7 @@ import numpy as np
 
 from gnnserve.dynamic.segments import segment_delete, segment_insert
 from gnnserve.graph.base import GraphStore
+from gnnserve.graph.events import SegmentLists
 
 
 class MissingEdgeError(KeyError):
@@ -149,6 +150,10 @@ class DynamicGraph(GraphStore):
 
     def gcn_degree(self, ids: np.ndarray) -> np.ndarray:
         return (self.degree[ids] - self.loops[ids]).astype(np.float32)
+
+    def segment_lists(self) -> SegmentLists:
+        """The in-neighbour lists of this copy as arrays (row = node id), for kernels."""
+        return SegmentLists(self.start, self.degree, self.cols)
 
     def count_edges(self, u: int, v: int) -> int:
         """Number of u -> v edges now."""

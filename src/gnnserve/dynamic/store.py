@@ -79,7 +79,8 @@ def _report(
         listener.on_add_nodes(added)
     if edges is not None:
         inserts, srcs, dsts = edges
-        listener.on_edge_events(np.where(inserts, INSERT, DELETE), srcs, dsts, graph.neighbors)
+        lists = graph.segment_lists()
+        listener.on_edge_events(np.where(inserts, INSERT, DELETE), srcs, dsts, lists)
     on_feature_rows = getattr(listener, "on_feature_rows", None)
     if upserts.size and on_feature_rows is not None:
         on_feature_rows(upserts)

@@ -38,6 +38,7 @@ read them, do not keep or modify them.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 import numpy as np
@@ -46,6 +47,23 @@ INSERT = 0  # edge event kind: one src -> dst edge added
 DELETE = 1  # edge event kind: one src -> dst edge removed
 
 NeighborsOf = Callable[[int], np.ndarray]  # v -> v's current in-neighbour ids (after the batch)
+
+
+@dataclass(frozen=True)
+class SegmentLists:
+    """In-neighbour lists as arrays a kernel can read: row r's list is
+    ``cols[start[r] : start[r] + degree[r]]`` (int64 arrays). Called with a row, it returns
+    that list (a copy), so where rows are node ids it is a :data:`NeighborsOf` too: the form a
+    changing graph passes to ``on_edge_events``, which lets the pre-sampler refill inside one
+    kernel instead of calling back per refill."""
+
+    start: np.ndarray
+    degree: np.ndarray
+    cols: np.ndarray
+
+    def __call__(self, row: int) -> np.ndarray:
+        lo = int(self.start[row])
+        return np.array(self.cols[lo : lo + int(self.degree[row])], dtype=np.int64)
 
 
 @runtime_checkable

@@ -55,7 +55,7 @@ import numpy as np
 from gnnserve.data.validate import check_node_ids
 from gnnserve.errors import InvalidInputError
 from gnnserve.fanouts import check_fanouts
-from gnnserve.graph.events import DELETE, INSERT, NeighborsOf
+from gnnserve.graph.events import DELETE, INSERT, NeighborsOf, SegmentLists
 from gnnserve.sampling import presample_kernels as pk
 
 if TYPE_CHECKING:  # torch-free at import: DGS workers import this module (torch costs ~2 s)
@@ -149,36 +149,49 @@ class ReservoirTable:
         srcs: np.ndarray,
         dsts: np.ndarray,
         rows: np.ndarray,
-        neighbors_of: NeighborsOf | None,
+        neighbors_of: SegmentLists | NeighborsOf | None,
     ) -> np.ndarray:
-        """Apply checked events (int64 arrays; ``rows[i]`` = row of dsts[i]) in order.
+        """Apply checked events (int64 arrays; ``rows[i]`` = row of dsts[i]) in order, in one
+        kernel call that holds no GIL (refills included).
 
-        ``neighbors_of`` (global id -> in-neighbours after the WHOLE batch) serves delete
-        refills. Returns the changes int64 [k, 4], columns ``CHANGE_COLUMNS``, in event order.
+        ``neighbors_of`` gives the in-neighbours after the WHOLE batch, for delete refills:
+        :class:`SegmentLists` whose rows are this table's rows (read by the kernel), or a
+        callable from global id (called once per distinct deleted-from vertex). Returns the
+        changes int64 [k, 4], columns ``CHANGE_COLUMNS``, in event order.
         """
         n = kinds.size
         log = np.empty((n * self.fans.size, 4), dtype=np.int64)
         n_log = np.zeros(1, dtype=np.int64)
+        if isinstance(neighbors_of, SegmentLists):
+            lists, adj_rows = neighbors_of, rows
+        else:
+            lists, adj_rows = _gathered_lists(kinds, dsts, neighbors_of)
         tables = (self.table, self.counts, self.deg, self.draws, self.cols, self.fans, self.key)
-        i, q = 0, 0
-        cached: tuple[int, np.ndarray] | None = None
-        by_dst: np.ndarray | None = None
-        while True:
-            i, q = pk.step_events(*tables, kinds, srcs, dsts, rows, i, q, log, n_log)
-            if i >= n:
-                return log[: n_log[0]].copy()
-            if neighbors_of is None:
-                raise InvalidInputError("deletes need neighbors_of", "neighbors_of")
-            if by_dst is None:
-                by_dst = np.argsort(dsts, kind="stable")
-            if cached is None or cached[0] != i:
-                cached = (i, _neighbours_at(i, kinds, srcs, dsts, by_dst, neighbors_of))
-            v, u, r = int(dsts[i]), int(srcs[i]), int(rows[i])
-            pk.resolve_delete(
-                self.table, self.counts, self.draws, self.cols, self.key,
-                q, r, v, u, cached[1], log, n_log,
-            )  # fmt: skip
-            q += 1
+        pk.apply_events(
+            *tables, kinds, srcs, dsts, rows,
+            lists.start, lists.degree, lists.cols, adj_rows, log, n_log,
+        )  # fmt: skip
+        return log[: n_log[0]].copy()
+
+
+def _gathered_lists(
+    kinds: np.ndarray, dsts: np.ndarray, neighbors_of: NeighborsOf | None
+) -> tuple[SegmentLists, np.ndarray]:
+    """The lists of the vertices that lose an edge in the batch, from ``neighbors_of``
+    (one call each), as SegmentLists; and each event's row in them (-1: no delete on it)."""
+    deleted_from = np.unique(dsts[kinds == DELETE])
+    if deleted_from.size and neighbors_of is None:
+        raise InvalidInputError("deletes need neighbors_of", "neighbors_of")
+    if deleted_from.size == 0:
+        empty = np.empty(0, np.int64)
+        return SegmentLists(empty, empty, empty), np.full(dsts.size, -1, np.int64)
+    parts = [np.asarray(neighbors_of(int(v)), np.int64) for v in deleted_from.tolist()]  # type: ignore[misc]
+    degree = np.array([p.size for p in parts], dtype=np.int64)
+    start = np.concatenate([[0], np.cumsum(degree)[:-1]]).astype(np.int64)
+    cols = np.concatenate(parts) if parts else np.empty(0, np.int64)
+    at = np.searchsorted(deleted_from, dsts)
+    found = deleted_from[np.minimum(at, deleted_from.size - 1)] == dsts
+    return SegmentLists(start, degree, cols), np.where(found, at, -1).astype(np.int64)
 
 
 class PreSampler:
@@ -338,31 +351,3 @@ class PreSampler:
         from gnnserve.sampling.sampler import to_subgraph  # torch: imported on first sample
 
         return to_subgraph(out, len(self.fanouts))
-
-
-def _neighbours_at(
-    i: int,
-    kinds: np.ndarray,
-    srcs: np.ndarray,
-    dsts: np.ndarray,
-    by_dst: np.ndarray,
-    neighbors_of: NeighborsOf,
-) -> np.ndarray:
-    """dsts[i]'s neighbour multiset right after event i: the final one minus later events.
-
-    ``by_dst`` is the stable argsort of ``dsts``: v's events, in order, are one run of it.
-    """
-    v = int(dsts[i])
-    now = np.asarray(neighbors_of(v), dtype=np.int64)
-    run = by_dst[
-        np.searchsorted(dsts, v, sorter=by_dst) : np.searchsorted(dsts, v, "right", by_dst)
-    ]
-    later = run[run > i]
-    if later.size == 0:
-        return now
-    out = np.concatenate([now, srcs[later[kinds[later] == DELETE]]])
-    for u in srcs[later[kinds[later] == INSERT]].tolist():
-        hit = np.flatnonzero(out == u)
-        if hit.size:
-            out = np.delete(out, hit[0])
-    return out

@@ -178,6 +178,85 @@ def resolve_delete(table, counts, draws, cols, key, q, r, v, u, nbrs, log, n_log
     _log(log, n_log, q, v, added, u)
 
 
+@numba.njit(nogil=True, cache=True)
+def neighbours_at(i, kinds, srcs, by_dst, run_lo, run_hi, adj_start, adj_degree, adj_cols, a):  # type: ignore[no-untyped-def]
+    """dsts[i]'s in-neighbour multiset right after event i: its list after the whole batch
+    (adjacency row ``a``) with the batch's later events on it undone. ``by_dst[run_lo:run_hi]``
+    are the events on dsts[i], in batch order (a stable argsort of ``dsts``)."""
+    lo, d = adj_start[a], adj_degree[a]
+    later = 0
+    for p in range(run_lo, run_hi):
+        later += by_dst[p] > i and kinds[by_dst[p]] == DELETE
+    out = np.empty(d + later, dtype=np.int64)
+    out[:d] = adj_cols[lo : lo + d]
+    k = d
+    for p in range(run_lo, run_hi):
+        j = by_dst[p]
+        if j > i and kinds[j] == DELETE:  # removed later: present at event i
+            out[k] = srcs[j]
+            k += 1
+    for p in range(run_lo, run_hi):
+        j = by_dst[p]
+        if j > i and kinds[j] == INSERT:  # added later: one copy absent at event i
+            for x in range(k):
+                if out[x] == srcs[j]:
+                    out[x] = out[k - 1]
+                    k -= 1
+                    break
+    return out[:k]
+
+
+@numba.njit(nogil=True, cache=True)
+def apply_events(  # type: ignore[no-untyped-def]
+    table, counts, deg, draws, cols, fans, key, kinds, srcs, dsts, rows,
+    adj_start, adj_degree, adj_cols, adj_rows, log, n_log,
+):  # fmt: skip
+    """Apply a batch of events in order, refills included, in one call without the GIL.
+
+    ``adj_*`` are the in-neighbour lists after the WHOLE batch (row ``adj_rows[i]`` holds
+    dsts[i]'s list); a delete that needs a refill rebuilds the list at its event from them
+    (:func:`neighbours_at`). Changes go to ``log`` as ``step_events``."""
+    n = kinds.shape[0]
+    i, q = step_events(
+        table, counts, deg, draws, cols, fans, key, kinds, srcs, dsts, rows, 0, 0, log, n_log
+    )
+    if i >= n:
+        return
+    by_dst = np.argsort(dsts, kind="mergesort")  # stable: each vertex's events in order
+    sorted_dsts = dsts[by_dst]
+    last = -1
+    nbrs = np.empty(0, dtype=np.int64)
+    while i < n:
+        if i != last:  # the same event's later queries reuse its list
+            v = dsts[i]
+            run_lo = np.searchsorted(sorted_dsts, v)
+            run_hi = np.searchsorted(sorted_dsts, v, side="right")
+            nbrs = neighbours_at(
+                i, kinds, srcs, by_dst, run_lo, run_hi, adj_start, adj_degree, adj_cols, adj_rows[i]
+            )
+            last = i
+        resolve_delete(
+            table, counts, draws, cols, key, q, rows[i], dsts[i], srcs[i], nbrs, log, n_log
+        )
+        i, q = step_events(
+            table,
+            counts,
+            deg,
+            draws,
+            cols,
+            fans,
+            key,
+            kinds,
+            srcs,
+            dsts,
+            rows,
+            i,
+            q + 1,
+            log,
+            n_log,
+        )
+
+
 @numba.njit(inline="always")
 def _row(row_of: np.ndarray, v: int) -> int:
     """Row of vertex v: v itself when ``row_of`` is empty, else row_of[v] (-1 = not held)."""

@@ -13,6 +13,7 @@ import numba
 import numpy as np
 
 from gnnserve.dynamic.segments import segment_delete, segment_insert
+from gnnserve.graph.events import SegmentLists
 from gnnserve.sampling.presample_kernels import INSERT
 
 
@@ -75,6 +76,10 @@ class LocalAdjacency:
         """Row r's current in-neighbours (a view; order unspecified)."""
         lo = int(self.start[r])
         return self.cols[lo : lo + int(self.degree[r])]
+
+    def lists(self) -> SegmentLists:
+        """Every row's list as arrays (rows as this adjacency's), for the reservoir kernel."""
+        return SegmentLists(self.start, self.degree, self.cols)
 
     def check(self, kinds: np.ndarray, srcs: np.ndarray, rows: np.ndarray) -> int:
         """First event that deletes a missing edge (in batch order), or -1; changes nothing."""

@@ -148,7 +148,7 @@ class SamplingWorker:
         """Apply owned events to the adjacency, then the reservoirs; the reservoir changes."""
         rows = self.ids.rows(dsts)
         self.adj.apply(kinds, srcs, rows)
-        return self.res.apply(kinds, srcs, dsts, rows, self._neighbors)
+        return self.res.apply(kinds, srcs, dsts, rows, self.adj.lists())
 
     def _grow(self, added: int) -> None:
         """The graph gained ``added`` vertices: rows for the owned ones (query vertices)."""
@@ -160,10 +160,6 @@ class SamplingWorker:
         self.subs.grow(self.res.table.shape[0])
         self.is_query = np.concatenate([self.is_query, np.ones(rows - first, dtype=bool)])
         self._seed(np.arange(first, rows))
-
-    def _neighbors(self, v: int) -> np.ndarray:
-        """Current in-neighbours of owned vertex v (global ids)."""
-        return self.adj.neighbors(int(self.ids.rows(np.array([v]))[0]))
 
     def checkpoint(self) -> bytes:
         """This worker's reservoirs, adjacency and log position (no subscriptions: a rebuilt
@@ -252,7 +248,7 @@ class SamplingWorker:
             rows = dsts.copy()  # the rows of ``check`` and ``_apply`` are new, writable arrays
             adj.check(kinds, srcs, rows)
             adj.apply(kinds, srcs, rows)
-            res.apply(kinds, srcs, dsts, rows, adj.neighbors)
+            res.apply(kinds, srcs, dsts, rows, adj.lists())
 
     def compiled(self) -> dict[str, list[str]]:
         """The numba signatures this worker's process holds (``gnnserve.compiled``)."""
