@@ -36,7 +36,7 @@ from dynamic import make_store, open_dynamic, update_stream  # noqa: E402
 
 DATASET = "soc_epinions1"
 MEASURED = "timed_batches"  # the function whose samples count
-RATE = 2000  # samples per second
+RATE = 1000  # samples per second (py-spy falls behind at 2,000 on 2 cores)
 
 
 def timed_batches(dyn, bodies: list[bytes]) -> float:  # type: ignore[no-untyped-def]
@@ -72,11 +72,17 @@ def sampled_seconds(raw: Path, rate: int) -> float:
 
 def arm(spy: str, workdir: Path, batches: int, gil: bool) -> dict[str, float]:
     """One child under py-spy; GIL-held (or on-CPU) ms per batch and wall ms per batch."""
-    raw = workdir / f"spy-{gil}.txt"
+    workdir = workdir / ("gil" if gil else "on_cpu")
+    workdir.mkdir()
+    raw = workdir / "spy.txt"
     cmd = [spy, "record", "--rate", str(RATE), "--format", "raw", "--output", str(raw)]
+    cmd += ["--nonblocking"]  # pausing a process of many threads 1,000 times a second slows it 10x
     cmd += ["--gil"] if gil else []
     cmd += ["--", sys.executable, __file__, "--child", str(workdir), str(batches)]
-    subprocess.run(cmd, capture_output=True, check=True)
+    one_thread = {k: "1" for k in ("OMP_NUM_THREADS", "NUMBA_NUM_THREADS", "MKL_NUM_THREADS")}
+    done = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **one_thread})
+    if done.returncode != 0 or not raw.exists():
+        raise SystemExit(f"py-spy failed ({done.returncode}): {done.stderr[-2000:]}")
     result = json.loads((workdir / "child.json").read_text())
     n = result["batches"]
     return {
@@ -96,8 +102,15 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         gil = arm(spy, Path(tmp), batches, gil=True)
         cpu = arm(spy, Path(tmp), batches, gil=False)
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"],
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).parent,
+    ).stdout.strip()
     record = {
         "environment": environment(),
+        "commit": commit,  # the code measured (a worktree of an older commit measures "before")
         "dataset": DATASET,
         "batch_ops": 100,
         "sample_rate_hz": RATE,
@@ -111,7 +124,8 @@ def main() -> None:
     before = float(os.environ.get("GIL_MS_BEFORE", "nan"))
     if np.isfinite(before):
         targets.check("GIL-held ms per 100-op batch", gil["gil_ms_per_batch"], before / 5, False)
-    write_results("gil_writes_quick" if quick else "gil_writes", record)
+    label = os.environ.get("GIL_LABEL", "")
+    write_results(f"gil_writes{label}{'_quick' if quick else ''}", record)
     targets.print()
 
 

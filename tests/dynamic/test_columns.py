@@ -13,6 +13,7 @@ import pytest
 from gnnserve.dynamic import bulk, columns
 from gnnserve.dynamic.store import DynamicStore
 from gnnserve.dynamic.updates import UpdateRejectedError
+from gnnserve.dynamic.wal import replay
 from gnnserve.errors import InvalidInputError
 from gnnserve.features import open_feature_store
 from gnnserve.graph import open_graph_store
@@ -207,3 +208,96 @@ def test_a_bulk_batch_whose_delete_fails_changes_nothing(small_store: Path, tmp_
     assert (tmp_path / "log").stat().st_size == log_size
     assert store.apply_columns(_columns(ops[:3])).seq == 2  # the store goes on
     store.close()
+
+
+# -- JSON operations straight to columns (the update API's path) -------------------------------
+
+EDGE_NUMBERS = [0.1, -2, 2**60, 1e-45, 3.4028234e38, -0.0, 1 / 3, 7]  # ints, denormals, extremes
+
+
+def _columns_of_parse(store: DynamicStore, ops: list[dict]) -> columns.ColumnBatch:
+    """The reference: op-by-op validation, then the normalised operations as columns."""
+    return columns.from_ops(store._parse(ops), DIM)
+
+
+def test_json_columns_equal_the_op_by_op_parse(small_store: Path, tmp_path) -> None:
+    store = _open(small_store, tmp_path / "log")
+    rng = np.random.default_rng(2)
+    for i in range(40):
+        ops = _random_ops(rng, store, bad=0.0)
+        ops.append({"op": "add_node", "features": EDGE_NUMBERS * (DIM // len(EDGE_NUMBERS))})
+        ops.append({"op": "add_edge", "src": 1, "dst": 2, "note": "extra keys are ignored"})
+        try:
+            want = _columns_of_parse(store, ops)
+        except UpdateRejectedError:  # a delete drawn twice: from_json does not count edges
+            continue
+        got = columns.from_json(ops, DIM)
+        assert got is not None, f"batch {i} fell back to the op-by-op path"
+        for name in ("op", "src", "dst", "node", "features"):
+            a, b = getattr(got, name), getattr(want, name)
+            assert a.dtype == b.dtype and a.tobytes() == b.tobytes(), name  # bit for bit
+    store.close()
+
+
+@pytest.mark.parametrize(
+    "ops",
+    [
+        [],
+        [["add_edge", 1, 2]],
+        [{"src": 1, "dst": 2}],
+        [{"op": "rename", "src": 1, "dst": 2}],
+        [{"op": ["add_edge"], "src": 1, "dst": 2}],
+        [{"op": "add_edge", "src": True, "dst": 2}],
+        [{"op": "add_edge", "src": 1.0, "dst": 2}],
+        [{"op": "delete_edge", "src": 1}],
+        [{"op": "upsert_features", "node": "3", "features": [0.0] * DIM}],
+        [{"op": "add_edge", "src": 2**64, "dst": 2}],
+        [{"op": "add_node", "features": [0.0] * (DIM - 1)}],
+        [{"op": "add_node", "features": [True] + [0.0] * (DIM - 1)}],
+        [{"op": "add_node", "features": [None] * DIM}],
+        [{"op": "add_node", "features": [1e39] + [0.0] * (DIM - 1)}],
+        [{"op": "add_node", "features": [10**400] + [0.0] * (DIM - 1)}],
+        [{"op": "add_node"}],
+    ],
+)
+def test_non_plain_operations_are_left_to_the_op_by_op_check(ops: list) -> None:
+    assert columns.from_json(ops, DIM) is None
+
+
+def test_json_batches_are_refused_exactly_as_op_by_op(small_store: Path, tmp_path) -> None:
+    """Through ``DynamicStore.apply`` (columns first): every refused batch names the problems
+    ``parse_batch`` names, word for word; every accepted one is what it accepts."""
+    store = _open(small_store, tmp_path / "log")
+    reference = _open(small_store, tmp_path / "ref")
+    rng = np.random.default_rng(3)
+    refused = 0
+    for _ in range(40):
+        ops = _random_ops(rng, store, bad=0.08)
+        try:
+            want = reference._parse(ops)
+        except UpdateRejectedError as exc:
+            refused += 1
+            with pytest.raises(UpdateRejectedError) as got:
+                store.apply(ops)
+            assert got.value.errors == exc.errors
+            continue
+        assert store.apply(ops) == reference.apply(want)
+    assert refused >= 10
+    for a, b in zip(store.graph.csr(), reference.graph.csr(), strict=True):
+        np.testing.assert_array_equal(a, b)
+    store.close()
+    reference.close()
+
+
+def test_a_plain_json_batch_is_logged_as_one_binary_frame(small_store: Path, tmp_path) -> None:
+    store = _open(small_store, tmp_path / "log")
+    ops = [{"op": "add_edge", "src": 1, "dst": 2}, {"op": "add_node", "features": [0.5] * DIM}]
+    store.apply(ops)
+    store.close()
+    records = list(replay(tmp_path / "log"))
+    assert [seq for seq, _ in records] == [0, 1]
+    payload = records[1][1]
+    assert isinstance(payload, bytes)  # the columns, not a JSON line
+    logged = columns.decode(payload)
+    np.testing.assert_array_equal(logged.op, [columns.ADD_EDGE, columns.ADD_NODE])
+    np.testing.assert_array_equal(logged.features, np.full((1, DIM), 0.5, np.float32))

@@ -8,6 +8,7 @@ import os
 import re
 import shutil
 import signal
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +17,7 @@ import httpx
 import pytest
 
 from gnnserve.demo import wait_ready
+from gnnserve.dynamic.records import MAGIC
 from gnnserve.ports import free_port
 
 BATCHES = 5
@@ -59,7 +61,7 @@ def _events(trace: Path) -> Events:
 
 def _serve_traced(store: Path, ckpt: Path, log: Path, fsync: str, trace: Path):  # type: ignore[no-untyped-def]
     port = free_port()
-    cmd = [_strace(), "-f", "--seccomp-bpf", "-tt", "-yy", "-s", "200", "-e", SYSCALLS]
+    cmd = [_strace(), "-f", "--seccomp-bpf", "-tt", "-yy", "-x", "-s", "200", "-e", SYSCALLS]
     cmd += ["-o", str(trace), sys.executable, "-m", "gnnserve.cli", "serve", "--store", str(store)]
     cmd += ["--model", str(ckpt), "--port", str(port), "--update-log", str(log), "--fsync", fsync]
     proc = subprocess.Popen(cmd, env={**os.environ, "PYTHONUNBUFFERED": "1"})
@@ -114,20 +116,38 @@ def _index(events: Events, name: set[str], path: str, text: bytes) -> int:
 SENDS = {"write", "sendto", "sendmsg", "writev"}
 
 
+def _hex(data: bytes) -> bytes:
+    """``data`` as strace -x prints a string that holds a non-ASCII byte (all of it in hex;
+    an ASCII string stays text)."""
+    return b"".join(b"\\x%02x" % c for c in data)
+
+
+HEADER = b'\\"version\\":0,'  # the log's first record, a JSON line
+
+
+def _frame(k: int) -> bytes:
+    """The start of batch k's record: a binary frame (magic, seq k)."""
+    return _hex(MAGIC + struct.pack("<Q", k))
+
+
+def _ack(k: int) -> bytes:
+    return b'\\"seq\\":%d,' % k
+
+
 @pytest.mark.slow
 def test_fsync_always_syncs_the_log_before_each_acknowledgement(
     traced: dict[str, tuple[Path, Events]],
 ) -> None:
     log, events = traced["always"]
     logged = str(log)
-    header = _index(events, {"write"}, logged, b'\\"version\\":0,')
+    header = _index(events, {"write"}, logged, HEADER)
     syncs = [i for i, (call, path, _) in enumerate(events) if call in {"fsync", "fdatasync"}]
     dir_syncs = [i for i in syncs if events[i][1] == str(log.parent)]
     assert dir_syncs and dir_syncs[0] < header  # the new log's directory entry is durable
     log_syncs = [i for i in syncs if events[i][1] == logged]
     for k in range(1, BATCHES + 1):
-        written = _index(events, {"write"}, logged, b'\\"version\\":%d,' % k)
-        acked = _index(events, SENDS, "TCP", b'\\"seq\\":%d,' % k)
+        written = _index(events, {"write"}, logged, _frame(k))
+        acked = _index(events, SENDS, "TCP", _ack(k))
         assert written < acked
         assert any(written < i < acked for i in log_syncs), f"batch {k} acknowledged unsynced"
 
@@ -135,10 +155,10 @@ def test_fsync_always_syncs_the_log_before_each_acknowledgement(
 @pytest.mark.slow
 def test_fsync_never_issues_no_per_batch_fsync(traced: dict[str, tuple[Path, Events]]) -> None:
     log, events = traced["never"]
-    first = _index(events, {"write"}, str(log), b'\\"version\\":1,')
-    last_ack = _index(events, SENDS, "TCP", b'\\"seq\\":%d,' % BATCHES)
+    first = _index(events, {"write"}, str(log), _frame(1))
+    last_ack = _index(events, SENDS, "TCP", _ack(BATCHES))
     for k in range(2, BATCHES + 1):  # every batch was written to the log in this window
-        assert first < _index(events, {"write"}, str(log), b'\\"version\\":%d,' % k) < last_ack
+        assert first < _index(events, {"write"}, str(log), _frame(k)) < last_ack
     log_or_dir = (str(log), str(log.parent))
     synced = [e for e in events[first:last_ack] if e[0] in {"fsync", "fdatasync"}]
     synced = [e for e in synced if e[1] in log_or_dir]

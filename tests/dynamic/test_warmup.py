@@ -34,7 +34,8 @@ from gnnserve.sampling import presample_kernels as pk
 
 kernels = {
     "apply_events": dg._apply_events, "compact": dg._compact, "count": dg._count,
-    "presample_events": pk.apply_events,
+    "count_many": dg._count_many,
+    "presample_events": pk.apply_events, "copy_rows": pk.copy_rows,
 }
 
 def compiled():

@@ -1,8 +1,9 @@
 """The two record encodings of the update log (``dynamic.wal``), each with its own CRC-32.
 
-- **JSON line** (batches sent as JSON): ``<crc32 hex> {"version":seq,"ops":[...]}\\n``, the CRC
-  over the JSON bytes. Readable with ``less``; about 40 bytes an edge operation.
-- **Binary frame** (bulk batches, ``dynamic.columns``): a 20-byte header ``MAGIC`` (4 bytes),
+- **JSON line** (the log's header record, and every batch in logs of versions before batches
+  were logged as columns): ``<crc32 hex> {"version":seq,"ops":[...]}\\n``, the CRC over the
+  JSON bytes. Readable with ``less``; about 40 bytes an edge operation.
+- **Binary frame** (every batch: ``dynamic.columns``): a 20-byte header ``MAGIC`` (4 bytes),
   seq (uint64), payload length (uint32), CRC-32 of seq, length and payload (uint32), all
   little-endian, then the payload (``columns.encode``: 25 bytes an edge operation).
 

@@ -254,12 +254,20 @@ class DynamicStore:
 
     def apply(self, ops: Any) -> UpdateResult:
         """Validate JSON operations, log them durably, apply them; UpdateRejectedError (nothing
-        applied) when invalid."""
+        applied) when invalid. A batch of plain operations goes to columns at once
+        (``columns.from_json``) and on as ``apply_columns``: validated, logged (one binary
+        record) and applied by array code, the GIL held only to read the operations. Any other
+        batch, and any the columns refuse, is checked op by op (``parse_batch``), which names
+        every problem."""
         with self._writer:
-            parsed = self._parse(ops)
-            seq = self._next_seq()
-            self.log.append(seq, parsed)  # type: ignore[union-attr]
-            return self._apply(self._columns(parsed), seq)
+            batch = columns.from_json(ops, self._latest.features.dim)
+            if batch is None:
+                batch = self._columns(self._parse(ops))
+            try:
+                return self._apply_columns(batch)
+            except UpdateRejectedError:
+                self._parse(ops)  # raises with the op-by-op messages
+                raise
 
     def apply_columns(self, batch: ColumnBatch) -> UpdateResult:
         """Validate a columnar batch (bulk ingestion), apply it to the copy no one reads, log
@@ -269,15 +277,18 @@ class DynamicStore:
         scan of the edge's row instead of two); when one does not, the copy is rebuilt and the
         batch checked in full, which names every refused row."""
         with self._writer:
-            self._check(batch, deletes=False)
-            seq = self._next_seq()
-            log = self.log
-            assert log is not None
-            try:
-                return self._apply(batch, seq, lambda: log.append_frame(seq, columns.encode(batch)))
-            except MissingEdgeError:
-                self._check(batch)  # raises UpdateRejectedError naming every row
-                raise
+            return self._apply_columns(batch)
+
+    def _apply_columns(self, batch: ColumnBatch) -> UpdateResult:
+        self._check(batch, deletes=False)
+        seq = self._next_seq()
+        log = self.log
+        assert log is not None
+        try:
+            return self._apply(batch, seq, lambda: log.append_frame(seq, columns.encode(batch)))
+        except MissingEdgeError:
+            self._check(batch)  # raises UpdateRejectedError naming every row
+            raise
 
     def _next_seq(self) -> int:
         if self.log is None:

@@ -1,8 +1,9 @@
 """Append-only update log: an accepted batch of graph updates is durable before it is acknowledged.
 
-One record per batch: a JSON line ``<crc32 hex> <json>\\n`` holding the batch's graph version
-(its sequence number, "seq") and its operations, or a binary frame (a header with the seq, the
-length and a CRC-32, then the columnar batch) for bulk batches; see ``dynamic.records``. The
+One record per batch: a binary frame (a header with the batch's graph version, its sequence
+number "seq", the length and a CRC-32, then the columnar batch), or a JSON line
+``<crc32 hex> <json>\\n`` holding the seq and the operations (the header record, and batches of
+older logs); see ``dynamic.records``. The
 first record is the header, seq 0; every later record's seq is the previous one + 1, so a replay
 applies each batch once and a gap means lost data.
 

@@ -3,7 +3,8 @@
 numba compiles a kernel on its first call (seconds, when the on-disk cache is cold). On the
 update path that first call runs under the store's write lock, so without a warm-up the first
 update batch after start-up stalls every reader for seconds. ``warm_up_updates`` runs one small
-batch (node insert, feature upsert, edge insert and delete, compaction) through a throw-away
+batch (node insert, feature upsert, edge insert and delete), one refused batch (a delete
+of a missing edge) and a compaction through a throw-away
 store of the same dtypes, once per process. Opening a store does not call it: the engine's
 warm-up does (``Engine.warm_up``, skipped with ``compute.warm_up`` off), and so may any tool
 that times updates. Subscribers warm up their own kernels (the pre-sampler's:
@@ -12,6 +13,7 @@ that times updates. Subscribers warm up their own kernels (the pre-sampler's:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import tempfile
 import threading
@@ -22,6 +24,7 @@ import numpy as np
 
 from gnnserve.data.writer import GraphData, write_store
 from gnnserve.dynamic.store import DynamicStore
+from gnnserve.dynamic.updates import UpdateRejectedError
 from gnnserve.features import open_feature_store
 from gnnserve.graph import open_graph_store
 
@@ -60,6 +63,8 @@ def _exercise(tmp: Path) -> None:
                 {"op": "delete_edge", "src": 3, "dst": 0},
             ]
         )
+        with contextlib.suppress(UpdateRejectedError):  # a refusal's checks compile too
+            dyn.apply([{"op": "delete_edge", "src": 0, "dst": 2}])
         dyn.compact()
     finally:
         dyn.close()

@@ -232,10 +232,12 @@ class PreSampler:
         ``touched``) by copying those vertices' reservoirs, counts, degrees and draw counters."""
         self._res.grow(source._n)
         self._n = source._n
-        rows = np.unique(touched)
         mine, theirs = self._res, source._res
-        for name in ("table", "counts", "deg", "draws"):
-            getattr(mine, name)[rows] = getattr(theirs, name)[rows]
+        rows = np.asarray(touched, dtype=np.int64)
+        pk.copy_rows(
+            mine.table, mine.counts, mine.deg, mine.draws,
+            theirs.table, theirs.counts, theirs.deg, theirs.draws, rows,
+        )  # fmt: skip
 
     def follow(self, current: Callable[[], PreSampler]) -> None:  # type: ignore[override]
         """ReplicatedListener: serve reads from ``current()`` (the reader's pinned copy)."""
@@ -270,8 +272,11 @@ class PreSampler:
     def on_edge_events(
         self, kinds: np.ndarray, srcs: np.ndarray, dsts: np.ndarray, neighbors_of: NeighborsOf
     ) -> None:
-        """UpdateListener: the graph applied these edge events; see :meth:`apply_events`."""
-        self.apply_events(kinds, srcs, dsts, neighbors_of)
+        """UpdateListener: the graph applied these edge events; see :meth:`apply_events`
+        (without its checks: events a graph applied are valid ids, and the store's lists come
+        as SegmentLists)."""
+        kinds, srcs, dsts = (np.asarray(a, dtype=np.int64) for a in (kinds, srcs, dsts))
+        self._res.apply(kinds, srcs, dsts, dsts, neighbors_of)
 
     def on_insert(self, src: int, dst: int, neighbors_of: NeighborsOf | None = None) -> np.ndarray:
         """Edge src -> dst was added (no neighbour list needed); changes as ``apply_events``."""

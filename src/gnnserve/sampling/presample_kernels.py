@@ -257,6 +257,16 @@ def apply_events(  # type: ignore[no-untyped-def]
         )
 
 
+@numba.njit(nogil=True, cache=True)
+def copy_rows(table, counts, deg, draws, from_table, from_counts, from_deg, from_draws, rows):  # type: ignore[no-untyped-def]
+    """Copy rows ``rows`` (repeats allowed) of one reservoir table's arrays onto another's."""
+    for r in rows:
+        table[r, :] = from_table[r, :]
+        counts[r, :] = from_counts[r, :]
+        deg[r] = from_deg[r]
+        draws[r] = from_draws[r]
+
+
 @numba.njit(inline="always")
 def _row(row_of: np.ndarray, v: int) -> int:
     """Row of vertex v: v itself when ``row_of`` is empty, else row_of[v] (-1 = not held)."""

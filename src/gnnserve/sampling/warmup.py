@@ -58,5 +58,7 @@ def _exercise(fanouts: list[int]) -> None:
     srcs = np.array([held, d + 1], dtype=np.int64)
     dsts = np.array([0, 0], dtype=np.int64)
     after = np.append(np.delete(indices, held - 1), d + 1)  # node 0's in-neighbours after
+    twin = presampler.clone()
     presampler.on_edge_events(kinds, srcs, dsts, lambda v: after)
+    twin.copy_changes(presampler, dsts)  # the second copy's catch-up
     presampler.sample(np.array([0, 1], dtype=np.int64))
