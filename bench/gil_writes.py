@@ -10,8 +10,12 @@ store with 2-hop [25, 10] pre-sampling attached, each from its JSON body bytes
 framing); py-spy samples it at ``--rate`` Hz twice, once with ``--gil`` and once without (all
 on-CPU time, GIL or not). Samples are counted only inside the timed loop.
 
-    python bench/gil_writes.py            # soc_epinions1, 3,000 batches per arm (~2 min)
-    python bench/gil_writes.py --quick    # 300 batches
+    python bench/gil_writes.py --before OLD/src   # this tree and an older checkout's src,
+                                                  # 3 interleaved rounds of 3,000 batches (~8 min)
+    python bench/gil_writes.py --quick            # this tree, one round of 300 batches
+
+(``git worktree add /tmp/before <commit>`` makes the older checkout; the child imports
+gnnserve from the ``src`` it is given, this benchmark's own code from this tree.)
 
 Needs py-spy (``pip install py-spy``) and ptrace rights over a child (root, or
 ``kernel.yama.ptrace_scope`` 0).
@@ -28,10 +32,8 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import Targets, environment, write_results  # noqa: E402
+from common import Targets, environment, median_range, write_results  # noqa: E402
 from dynamic import make_store, open_dynamic, update_stream  # noqa: E402
 
 DATASET = "soc_epinions1"
@@ -70,62 +72,84 @@ def sampled_seconds(raw: Path, rate: int) -> float:
     return total / rate
 
 
-def arm(spy: str, workdir: Path, batches: int, gil: bool) -> dict[str, float]:
-    """One child under py-spy; GIL-held (or on-CPU) ms per batch and wall ms per batch."""
-    workdir = workdir / ("gil" if gil else "on_cpu")
-    workdir.mkdir()
+def arm(spy: str, workdir: Path, batches: int, gil: bool, src: Path) -> dict[str, float]:
+    """One child under py-spy running the gnnserve in ``src``; GIL-held (or on-CPU) ms per
+    batch and wall ms per batch."""
+    workdir = Path(tempfile.mkdtemp(dir=workdir))
     raw = workdir / "spy.txt"
     cmd = [spy, "record", "--rate", str(RATE), "--format", "raw", "--output", str(raw)]
     cmd += ["--nonblocking"]  # pausing a process of many threads 1,000 times a second slows it 10x
     cmd += ["--gil"] if gil else []
     cmd += ["--", sys.executable, __file__, "--child", str(workdir), str(batches)]
-    one_thread = {k: "1" for k in ("OMP_NUM_THREADS", "NUMBA_NUM_THREADS", "MKL_NUM_THREADS")}
-    done = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **one_thread})
+    env = {k: "1" for k in ("OMP_NUM_THREADS", "NUMBA_NUM_THREADS", "MKL_NUM_THREADS")}
+    env["PYTHONPATH"] = str(src)
+    done = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **env})
     if done.returncode != 0 or not raw.exists():
         raise SystemExit(f"py-spy failed ({done.returncode}): {done.stderr[-2000:]}")
     result = json.loads((workdir / "child.json").read_text())
     n = result["batches"]
+    key = "gil_ms_per_batch" if gil else "on_cpu_ms_per_batch"
     return {
         "batches": n,
         "wall_ms_per_batch": 1e3 * result["wall_s"] / n,
-        ("gil_ms_per_batch" if gil else "on_cpu_ms_per_batch"): 1e3
-        * sampled_seconds(raw, RATE)
-        / n,
+        key: 1e3 * sampled_seconds(raw, RATE) / n,
     }
+
+
+def commit_of(src: Path) -> str:
+    """The short commit of the checkout holding ``src``."""
+    done = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=src
+    )
+    return done.stdout.strip()
 
 
 def main() -> None:
-    """Both arms, the targets, the results file."""
+    """Interleaved rounds of each tree (this one, and ``--before SRC`` if given), both kinds
+    of sample each; the targets; the results file."""
     quick = "--quick" in sys.argv
-    batches = 300 if quick else 3000
+    batches, rounds = (300, 1) if quick else (3000, 3)
+    trees = {"current": Path(__file__).resolve().parents[1] / "src"}
+    if "--before" in sys.argv:
+        trees = {"before": Path(sys.argv[sys.argv.index("--before") + 1]).resolve(), **trees}
     spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    runs: dict[str, list[dict]] = {name: [] for name in trees}
     with tempfile.TemporaryDirectory() as tmp:
-        gil = arm(spy, Path(tmp), batches, gil=True)
-        cpu = arm(spy, Path(tmp), batches, gil=False)
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"],
-        capture_output=True,
-        text=True,
-        cwd=Path(__file__).parent,
-    ).stdout.strip()
+        for r in range(rounds):
+            for name, src in trees.items():
+                gil = arm(spy, Path(tmp), batches, True, src)
+                cpu = arm(spy, Path(tmp), batches, False, src)
+                runs[name].append({"round": r, "gil": gil, "on_cpu": cpu})
+                print(
+                    f"round {r} {name}: GIL {gil['gil_ms_per_batch']:.3f} ms, on-CPU "
+                    f"{cpu['on_cpu_ms_per_batch']:.3f} ms, wall {gil['wall_ms_per_batch']:.3f} "
+                    "ms per batch",
+                    flush=True,
+                )
+    summary = {
+        name: {
+            "commit": commit_of(trees[name]),
+            "gil_ms_per_batch": median_range([r["gil"]["gil_ms_per_batch"] for r in rs]),
+            "on_cpu_ms_per_batch": median_range([r["on_cpu"]["on_cpu_ms_per_batch"] for r in rs]),
+            "wall_ms_per_batch": median_range([r["gil"]["wall_ms_per_batch"] for r in rs]),
+        }
+        for name, rs in runs.items()
+    }
     record = {
         "environment": environment(),
-        "commit": commit,  # the code measured (a worktree of an older commit measures "before")
         "dataset": DATASET,
         "batch_ops": 100,
         "sample_rate_hz": RATE,
-        "gil": gil,
-        "on_cpu": cpu,
-        "gil_share_of_on_cpu": gil["gil_ms_per_batch"] / cpu["on_cpu_ms_per_batch"],
+        "rounds": rounds,
+        "summary": summary,
+        "runs": runs,
     }
-    print(json.dumps(record, indent=1))
+    print(json.dumps(summary, indent=1))
     targets = Targets()
-    # 1/5 of the GIL-held time measured before the array path (see docs/benchmarks.md)
-    before = float(os.environ.get("GIL_MS_BEFORE", "nan"))
-    if np.isfinite(before):
-        targets.check("GIL-held ms per 100-op batch", gil["gil_ms_per_batch"], before / 5, False)
-    label = os.environ.get("GIL_LABEL", "")
-    write_results(f"gil_writes{label}{'_quick' if quick else ''}", record)
+    if "before" in summary:
+        now, then = (summary[k]["gil_ms_per_batch"]["median"] for k in ("current", "before"))
+        targets.check("GIL-held ms per 100-op batch, current over before", now / then, 0.2, False)
+    write_results("gil_writes_quick" if quick else "gil_writes", record)
     targets.print()
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
 from itertools import chain, compress
 from operator import itemgetter
 from typing import Any
@@ -52,7 +53,7 @@ class ColumnBatch:
     def __len__(self) -> int:
         return int(self.op.size)
 
-    @property
+    @cached_property
     def edge_rows(self) -> np.ndarray:
         """Indices of the edge operations, in order."""
         return np.flatnonzero(self.op <= DELETE_EDGE)
@@ -62,10 +63,17 @@ class ColumnBatch:
         """Number of add_node operations (the nodes the batch creates)."""
         return int(np.count_nonzero(self.op == ADD_NODE))
 
-    @property
+    @cached_property
     def feature_rows(self) -> np.ndarray:
         """Indices of the operations that carry features (add_node, upsert), in order."""
         return np.flatnonzero(self.op >= ADD_NODE)
+
+    @cached_property
+    def upserted_nodes(self) -> np.ndarray:
+        """int64 ids of the existing nodes whose features the batch rewrites (repeats
+        possible; added nodes not included)."""
+        rows = self.feature_rows[self.op[self.feature_rows] != ADD_NODE]
+        return np.asarray(self.node[rows], np.int64)
 
     def edge_events(self) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
         """(inserts bool, srcs, dsts) of the edge operations in order; None when none."""
@@ -110,13 +118,14 @@ def from_json(raw: Any, dim: int) -> ColumnBatch | None:
         rows = list(map(_FEATURES, compress(raw, (op >= ADD_NODE).tolist())))
     except KeyError:
         return None
-    if not {*map(type, chain.from_iterable(pairs)), *map(type, nodes)} <= {int}:  # no bools
+    ends = list(chain.from_iterable(pairs))  # src, dst, src, dst, ...
+    if not {*map(type, ends), *map(type, nodes)} <= {int}:  # no bools, no floats
         return None
     src, dst, node = (np.full(len(raw), -1, np.int64) for _ in range(3))
     try:
-        if pairs:
-            src[is_edge], dst[is_edge] = np.array(pairs, dtype=np.int64).T
-        node[is_upsert] = np.array(nodes, dtype=np.int64)
+        ids = np.fromiter(ends, np.int64, len(ends))
+        src[is_edge], dst[is_edge] = ids[0::2], ids[1::2]
+        node[is_upsert] = np.fromiter(nodes, np.int64, len(nodes))
     except OverflowError:  # beyond int64
         return None
     features = _feature_rows(rows, dim)

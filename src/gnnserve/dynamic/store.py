@@ -86,12 +86,6 @@ def _report(
         on_feature_rows(upserts)
 
 
-def _upserted(batch: ColumnBatch) -> np.ndarray:
-    """int64 ids of the existing nodes whose features ``batch`` rewrote (repeats possible)."""
-    rows = batch.feature_rows[batch.op[batch.feature_rows] != columns.ADD_NODE]
-    return np.asarray(batch.node[rows], np.int64)
-
-
 def _batches(n: int) -> str:
     return f"{n} batch" if n == 1 else f"{n} batches"
 
@@ -205,7 +199,7 @@ class DynamicStore:
             batch = self._replayed_batch(path, seq, ops)
             edges = batch.edge_events()
             self._change(self._latest, batch, seq, edges)  # one copy yet
-            self.replay_changes.add(None if edges is None else edges[2], _upserted(batch))
+            self.replay_changes.add(None if edges is None else edges[2], batch.upserted_nodes)
             applied += 1
         if applied:
             log.info(
@@ -302,7 +296,7 @@ class DynamicStore:
         to the other copy."""
         edges = batch.edge_events()  # once, for both copies
         added, first = batch.added, self.graph.num_nodes
-        upserts = _upserted(batch)
+        upserts = batch.upserted_nodes
 
         def published(replica: GraphReplica) -> None:
             if log_it is not None:
@@ -351,7 +345,7 @@ class DynamicStore:
             g.apply_edge_events(*edges)
         g.seq = seq
         for listener in replica.listeners if listeners else ():
-            _report(listener, g, batch.added, edges, _upserted(batch))
+            _report(listener, g, batch.added, edges, batch.upserted_nodes)
 
     def compact(self) -> None:
         """Defragment the adjacency, one copy at a time; readers keep running."""
