@@ -5,9 +5,10 @@ many cores there are; the time it spends in kernels that release the GIL does no
 benchmark measures the GIL-held time per batch with py-spy's ``--gil`` sampler (it records a
 sample only from the thread holding the GIL): a child process applies update batches (half
 inserts of random edges, half deletes of existing ones, as ``bench/dynamic.py``) to a dynamic
-store with 2-hop [25, 10] pre-sampling attached, each from its JSON body bytes
-(``json.loads`` and ``DynamicStore.apply``, what ``POST /v1/graph/updates`` runs past the HTTP
-framing); py-spy samples it at ``--rate`` Hz twice, once with ``--gil`` and once without (all
+store with 2-hop [25, 10] pre-sampling attached, each from its JSON body bytes as
+``POST /v1/graph/updates`` handles them past the HTTP framing (``endpoint_work``: in this tree
+the edge-only scan and ``apply_columns``; in one from before it, pydantic's JSON validation and
+``DynamicStore.apply``); py-spy samples it at ``--rate`` Hz twice, once with ``--gil`` and once without (all
 on-CPU time, GIL or not). Samples are counted only inside the timed loop.
 
     python bench/gil_writes.py --before OLD/src   # this tree and an older checkout's src,
@@ -41,11 +42,32 @@ MEASURED = "timed_batches"  # the function whose samples count
 RATE = 1000  # samples per second (py-spy falls behind at 2,000 on 2 cores)
 
 
-def timed_batches(dyn, bodies: list[bytes]) -> float:  # type: ignore[no-untyped-def]
+def endpoint_work(dyn):  # type: ignore[no-untyped-def]
+    """What ``POST /v1/graph/updates`` runs between the body bytes and the answer, in the
+    gnnserve being measured: an edge-only body read into columns where that code has it
+    (``dynamic.json_scan``), else the body validated by pydantic and applied op by op."""
+    from gnnserve.server.schemas import UpdatesRequest
+
+    try:
+        from gnnserve.dynamic.json_scan import scan_edges
+    except ImportError:  # a checkout from before the scan
+        scan_edges = None
+    dim = dyn.features.dim
+
+    def apply(body: bytes) -> object:
+        batch = None if scan_edges is None else scan_edges(body, dim)
+        if batch is not None:
+            return dyn.apply_columns(batch)
+        return dyn.apply(UpdatesRequest.model_validate_json(body).ops)
+
+    return apply
+
+
+def timed_batches(apply, bodies: list[bytes]) -> float:  # type: ignore[no-untyped-def]
     """Apply each body as the update endpoint does; wall seconds."""
     start = time.perf_counter()
     for body in bodies:
-        dyn.apply(json.loads(body)["ops"])
+        apply(body)
     return time.perf_counter() - start
 
 
@@ -55,8 +77,9 @@ def child(workdir: Path, batches: int) -> None:
     bodies = [json.dumps({"ops": b}).encode() for b in update_stream(store, 100 * batches, 1)]
     dyn, _ = open_dynamic(store, workdir / "log", presample=True)
     warm, timed = bodies[:50], bodies[50:]
-    timed_batches(dyn, warm)
-    wall = timed_batches(dyn, timed)
+    apply = endpoint_work(dyn)
+    timed_batches(apply, warm)
+    wall = timed_batches(apply, timed)
     dyn.close()
     (workdir / "child.json").write_text(json.dumps({"batches": len(timed), "wall_s": wall}))
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import re
 import signal
 import threading
 from pathlib import Path
@@ -123,8 +125,37 @@ def test_updates_api_versions_and_rejections(small_store, small_ckpt, tmp_path) 
         assert again["graph_version"] == after["graph_version"]  # nothing applied
         assert httpx.post(f"{base}/v1/graph/updates", json={"ops": []}).status_code == 400
         assert httpx.post(f"{base}/v1/graph/updates", json={"op": 1}).status_code == 400
+        _check_edge_bodies_are_scanned(base, after["graph_version"])
     finally:
         assert stop_server(proc) == 0
+
+
+def _batches_by_form(base: str) -> dict[str, float]:
+    text = httpx.get(f"{base}/metrics?local=1").text
+    pattern = re.compile(r'^gnnserve_update_batches_total\{form="(\w+)"\} (\S+)$', re.M)
+    return {form: float(n) for form, n in pattern.findall(text)}
+
+
+def _check_edge_bodies_are_scanned(base: str, version: str) -> None:
+    """An edge-only body is read without JSON parsing (counted as edges_scanned); one the store
+    refuses is answered as the op-by-op check answers it, and changes nothing."""
+    before = _batches_by_form(base)
+    ops = [{"op": "add_edge", "src": 7, "dst": 9}, {"op": "delete_edge", "src": 7, "dst": 9}]
+    r = httpx.post(f"{base}/v1/graph/updates", content=json.dumps({"ops": ops}),
+                   headers={"content-type": "application/json"})  # fmt: skip
+    assert r.status_code == 200 and r.json()["seq"] == int(version.rsplit(".", 1)[1]) + 1
+    bad = [{"op": "add_edge", "src": 1, "dst": 10**9}, {"op": "delete_edge", "src": 3, "dst": 4}]
+    refused = httpx.post(f"{base}/v1/graph/updates", json={"ops": bad})
+    assert refused.status_code == 400
+    assert [e["message"] for e in refused.json()["errors"]] == [
+        "ops[0].dst: node 1000000000 does not exist (nodes: 2001)",
+        "ops[1]: edge 3 -> 4 does not exist",
+    ]
+    after = _batches_by_form(base)
+    assert after.get("edges_scanned", 0) == before.get("edges_scanned", 0) + 1
+    assert after.get("json", 0) == before.get("json", 0)  # the refused one counts nowhere
+    seq = httpx.post(f"{base}/v1/predict", json={"nodes": [5]}).json()["graph_version"]
+    assert seq == r.json()["graph_version"]  # nothing of the refused batch was applied
 
 
 def test_read_only_store_answers_409(live_server: str) -> None:

@@ -21,6 +21,8 @@ import torch
 
 from gnnserve.config import ServeConfig
 from gnnserve.dynamic import bulk
+from gnnserve.dynamic.columns import ColumnBatch
+from gnnserve.dynamic.json_scan import scan_edges
 from gnnserve.dynamic.store import DynamicStore, UpdateResult
 from gnnserve.embeddings.base import EmbeddingStore
 from gnnserve.embeddings.refresher import PeRefresher
@@ -370,6 +372,17 @@ class Engine:
     def apply_updates(self, ops: object) -> UpdateResult:
         """Apply a batch of graph updates (durable before it returns); see dynamic.updates."""
         return self._store().apply(ops)
+
+    def scan_edge_updates(self, body: bytes) -> ColumnBatch | None:
+        """The columns of a JSON update body of plain edge operations (``dynamic.json_scan``),
+        or None: another body, or a store that takes no updates."""
+        if self.updates is None:
+            return None
+        return scan_edges(body, self.updates.features.dim)
+
+    def apply_update_columns(self, batch: ColumnBatch) -> UpdateResult:
+        """Apply one batch already in columns (validated here), durably."""
+        return self._store().apply_columns(batch)
 
     def apply_bulk_updates(self, stream: bytes, max_bytes: int | None = None) -> UpdateResult:
         """Apply one batch sent as an Arrow IPC stream (``dynamic.bulk``), durably. With

@@ -23,6 +23,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gnnserve.dynamic.bulk import ARROW_STREAM
+from gnnserve.dynamic.updates import UpdateRejectedError
 from gnnserve.engine.engine import Engine
 from gnnserve.engine.placement import tier_stats
 from gnnserve.errors import (
@@ -42,6 +43,7 @@ from gnnserve.server.limits import (
     accepts_raw,
     default_body_limit,
     error_json,
+    json_fast_path,
     retry_headers,
 )
 from gnnserve.server.looplag import LoopLag
@@ -314,6 +316,22 @@ def create_app(
         """The same, sent as an Arrow IPC stream (``dynamic.bulk``): one all-or-nothing batch."""
         limit = app.state.max_body_bytes  # what the body may expand to, too
         result = await asyncio.to_thread(engine.apply_bulk_updates, raw, limit)
+        metrics.update_batches.labels("arrow").inc()
+        metrics.answered("updates", "")
+        return JSONResponse(dataclasses.asdict(result))
+
+    async def edge_updates(raw: bytes) -> JSONResponse | None:
+        """A JSON body of plain edge operations, read into columns without the GIL
+        (``dynamic.json_scan``) and applied as such; None (parse it as JSON) for any other
+        body, and for a batch the store refuses (the JSON path names the problems)."""
+        batch = engine.scan_edge_updates(raw)
+        if batch is None:
+            return None
+        try:
+            result = await asyncio.to_thread(engine.apply_update_columns, batch)
+        except UpdateRejectedError:
+            return None  # nothing was applied
+        metrics.update_batches.labels("edges_scanned").inc()
         metrics.answered("updates", "")
         return JSONResponse(dataclasses.asdict(result))
 
@@ -324,11 +342,13 @@ def create_app(
         openapi_extra=ARROW_UPDATES_BODY,
     )
     @accepts_raw(ARROW_STREAM, bulk_updates)
+    @json_fast_path(edge_updates)
     async def updates(body: UpdatesRequest) -> JSONResponse:
         """Apply graph updates; acknowledged once durable in the update log. Send JSON, or an
         Arrow IPC stream (Content-Type: application/vnd.apache.arrow.stream) with columns op,
         src, dst, node, features for bulk ingestion."""
         result = await asyncio.to_thread(engine.apply_updates, body.ops)
+        metrics.update_batches.labels("json").inc()
         metrics.answered("updates", "")
         return JSONResponse(dataclasses.asdict(result))
 

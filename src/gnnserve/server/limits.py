@@ -192,6 +192,21 @@ def accepts_raw(
     return mark
 
 
+FastJsonHandler = Callable[[bytes], Coroutine[Any, Any, Response | None]]
+
+
+def json_fast_path(handler: FastJsonHandler) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Decorate a :class:`JsonBodyRoute` endpoint: a JSON body (up to PARSE_INLINE_BYTES) goes
+    to ``handler(body bytes)`` first, which answers it, or returns None to let the body be
+    parsed and validated as usual (the usual path names every problem)."""
+
+    def mark(endpoint: Callable[..., Any]) -> Callable[..., Any]:
+        endpoint.json_fast_path = handler  # type: ignore[attr-defined]
+        return endpoint
+
+    return mark
+
+
 def parse_body(model: type[BaseModel], body: bytes, content_type: str | None) -> BaseModel:
     """Validate a JSON ``body`` as ``model``; RequestValidationError (locations under "body")."""
     if not body:
@@ -321,6 +336,11 @@ class JsonBodyRoute(APIRoute):
             if other is not None:  # a binary body the endpoint takes as bytes
                 bulk_response: Response = await other(raw)
                 return bulk_response
+            fast = getattr(endpoint, "json_fast_path", None)
+            if fast is not None and len(raw) <= PARSE_INLINE_BYTES and _is_json(content_type):
+                answered: Response | None = await fast(raw)
+                if answered is not None:
+                    return answered
             if len(raw) > PARSE_INLINE_BYTES:
                 body = await parse_elsewhere(model, raw, content_type)
             else:

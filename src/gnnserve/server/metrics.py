@@ -45,6 +45,11 @@ class ServerMetrics:
             "gnnserve_requests_total", "Requests answered", ["endpoint", "model"], registry=r
         )
         self.errors = Counter("gnnserve_errors_total", "Errors by kind", ["kind"], registry=r)
+        self.update_batches = Counter(
+            "gnnserve_update_batches", "Update batches applied, by how the body was read: "
+            "edges_scanned (JSON edge ops read without the GIL), json, arrow", ["form"],
+            registry=r,
+        )  # fmt: skip
         self.path_batches = Counter(
             "gnnserve_sampling_path_batches", "Batches by the sampling path they took", ["path"],
             registry=r,
