@@ -8,8 +8,9 @@ inserts of random edges, half deletes of existing ones, as ``bench/dynamic.py``)
 store with 2-hop [25, 10] pre-sampling attached, each from its JSON body bytes as
 ``POST /v1/graph/updates`` handles them past the HTTP framing (``endpoint_work``: in this tree
 the edge-only scan and ``apply_columns``; in one from before it, pydantic's JSON validation and
-``DynamicStore.apply``); py-spy samples it at ``--rate`` Hz twice, once with ``--gil`` and once without (all
-on-CPU time, GIL or not). Samples are counted only inside the timed loop.
+``DynamicStore.apply``); py-spy samples it at ``--rate`` Hz twice, once with ``--gil`` and
+once without (all on-CPU time, GIL or not). Samples are counted only inside the timed loop (not
+in the warm-up, which compiles the kernels).
 
     python bench/gil_writes.py --before OLD/src   # this tree and an older checkout's src,
                                                   # 3 interleaved rounds of 3,000 batches (~8 min)
@@ -78,7 +79,8 @@ def child(workdir: Path, batches: int) -> None:
     dyn, _ = open_dynamic(store, workdir / "log", presample=True)
     warm, timed = bodies[:50], bodies[50:]
     apply = endpoint_work(dyn)
-    timed_batches(apply, warm)
+    for body in warm:  # compiles the kernels (under the GIL), outside ``timed_batches``
+        apply(body)
     wall = timed_batches(apply, timed)
     dyn.close()
     (workdir / "child.json").write_text(json.dumps({"batches": len(timed), "wall_s": wall}))
