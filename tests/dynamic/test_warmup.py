@@ -29,13 +29,14 @@ _SERVE_AND_RECORD = r"""
 import json, sys
 from gnnserve.config import ServeConfig
 from gnnserve.dynamic import graph as dg
+from gnnserve.dynamic import json_scan as js
 from gnnserve.engine.loader import build_engine
 from gnnserve.sampling import presample_kernels as pk
 
 kernels = {
     "apply_events": dg._apply_events, "compact": dg._compact, "count": dg._count,
     "count_many": dg._count_many,
-    "presample_events": pk.apply_events, "copy_rows": pk.copy_rows,
+    "presample_events": pk.apply_events, "copy_rows": pk.copy_rows, "json_scan": js._scan,
 }
 
 def compiled():

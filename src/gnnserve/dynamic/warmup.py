@@ -4,7 +4,7 @@ numba compiles a kernel on its first call (seconds, when the on-disk cache is co
 update path that first call runs under the store's write lock, so without a warm-up the first
 update batch after start-up stalls every reader for seconds. ``warm_up_updates`` runs one small
 batch (node insert, feature upsert, edge insert and delete), one refused batch (a delete
-of a missing edge) and a compaction through a throw-away
+of a missing edge), an edge body read by the JSON scan and a compaction through a throw-away
 store of the same dtypes, once per process. Opening a store does not call it: the engine's
 warm-up does (``Engine.warm_up``, skipped with ``compute.warm_up`` off), and so may any tool
 that times updates. Subscribers warm up their own kernels (the pre-sampler's:
@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from gnnserve.data.writer import GraphData, write_store
+from gnnserve.dynamic.json_scan import scan_edges
 from gnnserve.dynamic.store import DynamicStore
 from gnnserve.dynamic.updates import UpdateRejectedError
 from gnnserve.features import open_feature_store
@@ -65,6 +66,10 @@ def _exercise(tmp: Path) -> None:
         )
         with contextlib.suppress(UpdateRejectedError):  # a refusal's checks compile too
             dyn.apply([{"op": "delete_edge", "src": 0, "dst": 2}])
+        body = b'{"ops": [{"op": "add_edge", "src": 1, "dst": 0}]}'  # the HTTP edge-body scan
+        batch = scan_edges(body, features.dim)
+        assert batch is not None
+        dyn.apply_columns(batch)
         dyn.compact()
     finally:
         dyn.close()
