@@ -179,20 +179,25 @@ def latency_rounds(
                 f"p99 {cell['p99_ms']:.3f} ms  ({cell['requests']} requests)",
                 flush=True,
             )
-    out: dict[str, list[dict]] = {"on_demand": [], "presample": []}
+    return summarise(cells, ("achieved_rate", "p50_ms", "p99_ms"), "requests")
+
+
+def summarise(
+    cells: dict[tuple[str, int], list[dict]], medians: tuple[str, ...], count: str
+) -> dict[str, list[dict]]:
+    """Per mode, one row per offered rate: the median over rounds of each of ``medians``, the
+    fewest ``count`` of any round, and the rounds' cells."""
+    out: dict[str, list[dict]] = {}
     for (mode, rate), runs in cells.items():
-        out[mode].append(
+        out.setdefault(mode, []).append(
             {
                 "offered_rate": rate,
-                **{k: float(np.median([c[k] for c in runs])) for k in _MEDIANS},
-                "min_requests": min(c["requests"] for c in runs),
+                **{k: float(np.median([c[k] for c in runs])) for k in medians},
+                f"min_{count}": min(c[count] for c in runs),
                 "rounds": runs,
             }
         )
     return out
-
-
-_MEDIANS = ("achieved_rate", "p50_ms", "p99_ms")
 
 
 def ingestion(store: Path, work: Path, batches: list[list[dict]], duration: float) -> dict:
