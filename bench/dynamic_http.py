@@ -1,5 +1,6 @@
-"""HTTP request latency while the graph changes: `gnnserve serve --update-log`, with and without
-`--presample` (DGS), on fb100_cornell5 and soc_epinions1.
+"""HTTP request latency while the graph changes: `gnnserve serve --update-log` on demand, with
+`--presample`, and with `--deploy dgs` (1 sampling + 1 serving Ray worker), on fb100_cornell5
+and soc_epinions1.
 
 Single-node prediction requests (seeds drawn proportionally to in-degree, so skewed toward hubs)
 arrive open-loop at a fixed rate; at the same time update batches of 100 operations (half edge
@@ -13,10 +14,12 @@ compare cells at equal applied rates). Edge-only update bodies take the server's
 
     python bench/dynamic_http.py            # full run (~14 min)
     python bench/dynamic_http.py --quick    # smoke run (one round, 2 s cells)
+    python bench/dynamic_http.py --modes dgs --datasets soc_epinions1   # a subset of the cells
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import sys
 import tempfile
@@ -30,7 +33,7 @@ import torch
 import gnnserve  # noqa: F401  (first: sets the OpenMP wait policy)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import Targets, parse_args, result_name, write_results  # noqa: E402
+from common import Targets, result_name, write_results  # noqa: E402
 from dynamic import (  # noqa: E402
     BATCH,
     check_latency_targets,
@@ -47,6 +50,11 @@ from gnnserve.models.zoo import GNN, ModelConfig  # noqa: E402
 from gnnserve.ports import free_port  # noqa: E402
 
 UPDATE_RATES = [0, 10_000, 40_000]  # offered updates per second (batches of 100 edge ops)
+MODE_FLAGS = {  # serve flags of each mode
+    "on_demand": [],
+    "presample": ["--presample"],
+    "dgs": ["--deploy", "dgs", "--deploy-workers", "1"],  # 1 sampling + 1 serving Ray actor
+}
 ROUNDS = 3  # interleaved: every (mode, rate) cell once per round, the order reversed each round
 REQUEST_RATE = 300.0  # prediction requests per second
 
@@ -100,18 +108,18 @@ def run_cell(
     store: Path,
     ckpt: Path,
     work: Path,
-    presample: bool,
+    mode: str,
     rate: float,
     batches: list[list[dict]],
     seeds: np.ndarray,
     duration: float,
 ) -> dict[str, float]:
     """One (mode, update rate) cell on a fresh server (fresh update log)."""
-    log = work / f"updates-{store.name}-{presample}-{rate}.log"
+    log = work / f"updates-{store.name}-{mode}-{rate}.log"
     log.unlink(missing_ok=True)
     port = free_port()
     extra = ["--update-log", str(log), "--fsync", "never", "--fanouts", "25,10"]
-    proc = start_server(store, ckpt, port, *extra, *(["--presample"] if presample else []))
+    proc = start_server(store, ckpt, port, *extra, *MODE_FLAGS[mode])
     base = f"http://127.0.0.1:{port}"
     try:
         wait_ready(base, proc)
@@ -132,13 +140,14 @@ def run_rounds(
     seeds: np.ndarray,
     duration: float,
     rounds: int,
+    modes: list[str],
 ) -> dict[str, list[dict]]:
     """Every (mode, rate) cell once per round, the order reversed in odd rounds; medians."""
-    order = [(mode, rate) for mode in ("on_demand", "presample") for rate in UPDATE_RATES]
+    order = [(mode, rate) for mode in modes for rate in UPDATE_RATES]
     cells: dict[tuple[str, int], list[dict]] = {}
     for r in range(rounds):
         for mode, rate in order if r % 2 == 0 else order[::-1]:
-            row = run_cell(store, ckpt, work, mode == "presample", rate, batches, seeds, duration)
+            row = run_cell(store, ckpt, work, mode, rate, batches, seeds, duration)
             cells.setdefault((mode, rate), []).append(row)
             print(
                 f"[{name}] round {r} {mode:9s} updates offered {rate:6d}/s applied "
@@ -150,21 +159,32 @@ def run_rounds(
 
 
 def main() -> None:
-    args = parse_args(__doc__, "smoke run: 2 s per cell")
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="smoke run: one round, 2 s cells")
+    parser.add_argument("--modes", default="on_demand,presample,dgs", help="comma-separated")
+    parser.add_argument("--datasets", default="fb100_cornell5,soc_epinions1")
+    args = parser.parse_args()
+    modes = args.modes.split(",")
+    if not set(modes) <= set(MODE_FLAGS):
+        raise SystemExit(f"--modes: each one of {list(MODE_FLAGS)}")
     duration = 2.0 if args.quick else 8.0  # 2,400 requests a cell: p99 on >= 2,000
     results: dict[str, dict] = {}
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         ckpt = make_checkpoint(work / "sage")
-        for name in ("fb100_cornell5", "soc_epinions1"):
+        for name in args.datasets.split(","):
             store = make_store(name, work)
             batches = update_stream(store, int(max(UPDATE_RATES) * duration * 1.2), 1)
             deg = open_graph_store(store).in_degree().astype(float)
             seeds = np.random.default_rng(3).choice(deg.size, 20_000, p=deg / deg.sum())
             rounds = 1 if args.quick else ROUNDS
-            results[name] = run_rounds(name, store, ckpt, work, batches, seeds, duration, rounds)
+            results[name] = run_rounds(
+                name, store, ckpt, work, batches, seeds, duration, rounds, modes
+            )
     out = write_results(
-        result_name("dynamic_http", args.quick),
+        result_name(
+            "dynamic_http" + ("" if len(modes) == 3 else "_" + "_".join(modes)), args.quick
+        ),
         {
             "request_rate": REQUEST_RATE,
             "batch": BATCH,
