@@ -24,6 +24,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -167,19 +168,39 @@ def latency_rounds(
 ) -> dict[str, list[dict]]:
     """Every (mode, rate) cell once per round, the order reversed in odd rounds; per mode and
     rate the median over rounds of p50, p99 and the applied rate, and the rounds' cells."""
+
+    def run(mode: str, rate: int) -> dict:
+        return latency_cell(store, work, mode == "presample", rate, duration, batches)
+
+    def describe(mode: str, rate: int, cell: dict) -> str:
+        return (
+            f"[{name}] {mode:9s} offered {rate:6d}/s applied {cell['achieved_rate']:8.0f}/s  "
+            f"p50 {cell['p50_ms']:.3f} ms  p99 {cell['p99_ms']:.3f} ms  "
+            f"({cell['requests']} requests)"
+        )
+
+    cells = cell_rounds(["on_demand", "presample"], RATES, rounds, run, describe)
+    return summarise(cells, ("achieved_rate", "p50_ms", "p99_ms"), "requests")
+
+
+def cell_rounds(
+    modes: list[str],
+    rates: list[int],
+    rounds: int,
+    run: Callable[[str, int], dict],
+    describe: Callable[[str, int, dict], str],
+) -> dict[tuple[str, int], list[dict]]:
+    """``run(mode, rate)`` for every cell once per round, the order reversed in odd rounds (a
+    drift of the machine falls on every cell alike); ``describe(mode, rate, cell)`` printed
+    after each cell with its round. Returns each cell's rounds."""
+    order = [(mode, rate) for mode in modes for rate in rates]
     cells: dict[tuple[str, int], list[dict]] = {}
-    order = [(mode, rate) for mode in ("on_demand", "presample") for rate in RATES]
     for r in range(rounds):
         for mode, rate in order if r % 2 == 0 else order[::-1]:
-            cell = latency_cell(store, work, mode == "presample", rate, duration, batches)
+            cell = run(mode, rate)
             cells.setdefault((mode, rate), []).append(cell)
-            print(
-                f"[{name}] round {r} {mode:9s} offered {rate:6d}/s applied "
-                f"{cell['achieved_rate']:8.0f}/s  p50 {cell['p50_ms']:.3f} ms  "
-                f"p99 {cell['p99_ms']:.3f} ms  ({cell['requests']} requests)",
-                flush=True,
-            )
-    return summarise(cells, ("achieved_rate", "p50_ms", "p99_ms"), "requests")
+            print(f"round {r}: {describe(mode, rate, cell)}", flush=True)
+    return cells
 
 
 def summarise(

@@ -36,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import Targets, result_name, write_results  # noqa: E402
 from dynamic import (  # noqa: E402
     BATCH,
+    cell_rounds,
     check_latency_targets,
     make_store,
     plot_latency,
@@ -143,18 +144,18 @@ def run_rounds(
     modes: list[str],
 ) -> dict[str, list[dict]]:
     """Every (mode, rate) cell once per round, the order reversed in odd rounds; medians."""
-    order = [(mode, rate) for mode in modes for rate in UPDATE_RATES]
-    cells: dict[tuple[str, int], list[dict]] = {}
-    for r in range(rounds):
-        for mode, rate in order if r % 2 == 0 else order[::-1]:
-            row = run_cell(store, ckpt, work, mode, rate, batches, seeds, duration)
-            cells.setdefault((mode, rate), []).append(row)
-            print(
-                f"[{name}] round {r} {mode:9s} updates offered {rate:6d}/s applied "
-                f"{row['achieved_update_rate']:6.0f}/s  p50 {row['p50_ms']:.2f} ms  "
-                f"p99 {row['p99_ms']:.2f} ms  ok {row['ok']} errors {row['errors']}",
-                flush=True,
-            )
+
+    def run(mode: str, rate: int) -> dict:
+        return run_cell(store, ckpt, work, mode, rate, batches, seeds, duration)
+
+    def describe(mode: str, rate: int, row: dict) -> str:
+        return (
+            f"[{name}] {mode:9s} updates offered {rate:6d}/s applied "
+            f"{row['achieved_update_rate']:6.0f}/s  p50 {row['p50_ms']:.2f} ms  "
+            f"p99 {row['p99_ms']:.2f} ms  ok {row['ok']} errors {row['errors']}"
+        )
+
+    cells = cell_rounds(modes, UPDATE_RATES, rounds, run, describe)
     return summarise(cells, ("achieved_update_rate", "p50_ms", "p99_ms"), "ok")
 
 
