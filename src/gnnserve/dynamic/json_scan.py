@@ -60,9 +60,7 @@ def _integer(buf, i):  # type: ignore[no-untyped-def]
     digits = i - start
     if digits == 0 or digits > _MAX_DIGITS or (digits > 1 and buf[start] == 48):
         return 0, -1
-    if i < buf.shape[0] and (buf[i] == 46 or buf[i] == 101 or buf[i] == 69):  # . e E: a float
-        return 0, -1
-    return (-value if negative else value), i
+    return (-value if negative else value), i  # a float's "." or "e" after it: the caller refuses
 
 
 @numba.njit(nogil=True, cache=True)
