@@ -17,7 +17,11 @@ from typing import Any
 import numpy as np
 
 RESULTS = Path(__file__).resolve().parent / "results"
-DATASETS = Path(__file__).resolve().parents[1].parent / "shared" / "datasets"
+# GNNSERVE_DATASETS: where a lent GPU machine finds the carried copies (bench/gpu_device.sh)
+DATASETS = Path(
+    os.environ.get("GNNSERVE_DATASETS")
+    or Path(__file__).resolve().parents[1].parent / "shared" / "datasets"
+)
 
 
 def environment() -> dict[str, Any]:

@@ -3,13 +3,15 @@
 #
 # Here, once (the GPU image lacks pydantic, which gnnserve.config imports):
 #   bench/gpu_device.sh prepare
-# then with the device tool: run(command="bash bench/gpu_device.sh", carry=[".whl"], timeout_s=600)
+# then with the device tool: run(command="bash bench/gpu_device.sh", carry=[".whl", ".data"], timeout_s=600)
 # Outputs land in $OUT: the test log, the benchmark log and its JSON.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
 if [[ "${1:-}" == "prepare" ]]; then
   grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo '/.whl/' >>.git/info/exclude
+  grep -qx '/.data/' .git/info/exclude 2>/dev/null || echo '/.data/' >>.git/info/exclude
+  mkdir -p .data && cp ../shared/datasets/fb100_cornell5.npz .data/  # ../shared does not travel
   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
     --implementation cp --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
     -d .whl pydantic==2.14.4 pydantic_core==2.50.5 annotated-types==0.8.0 \
@@ -24,7 +26,11 @@ if [[ -d .whl ]]; then
     --target /tmp/site .whl/*.whl || exit 1
   export PYTHONPATH="/tmp/site:${PYTHONPATH:-}"
 fi
-export PYTHONPATH="src:.:${PYTHONPATH:-}" PYTHONUNBUFFERED=1
+# numba-cuda 0.30 still registers np.row_stack, which numpy 2.4 removed: shim it at start-up
+mkdir -p /tmp/site
+echo 'import numpy as _np; _np.row_stack = getattr(_np, "row_stack", _np.vstack)' >/tmp/site/sitecustomize.py
+[[ -d .data ]] && export GNNSERVE_DATASETS="$PWD/.data"
+export PYTHONPATH="$PWD/src:$PWD:/tmp/site:${PYTHONPATH:-}" PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total --format=csv | tee "$OUT/machine.txt"
 python3 -c "import torch, numba; print('torch', torch.__version__, 'numba', numba.__version__)" \
   | tee -a "$OUT/machine.txt"

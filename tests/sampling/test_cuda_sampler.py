@@ -123,11 +123,17 @@ def _pipeline(store: Path, ckpt: Path, fanouts: list[int], device: str) -> Devic
 
 
 def test_device_pipeline_answers_as_the_host_pipeline(small_store: Path, small_ckpt: Path) -> None:
-    pipeline = _pipeline(small_store, small_ckpt, [3, 2], "cpu")
+    # the CPU under the simulator; a GPU machine runs the real device with half the rows pinned
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    pipeline = _pipeline(small_store, small_ckpt, [3, 2], device)
     seeds = np.array([4, 17, 4])
     logits, embedding = pipeline.predict(seeds, rng_seed=11)
     want_logits, want_embedding = _host_answers(small_store, small_ckpt, [3, 2], seeds, 11)
-    assert torch.equal(logits, want_logits) and torch.equal(embedding, want_embedding)
+    if device == "cpu":
+        assert torch.equal(logits, want_logits) and torch.equal(embedding, want_embedding)
+    else:  # the same sample; the GPU's float sums run in another order
+        torch.testing.assert_close(logits, want_logits, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(embedding, want_embedding, rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.gpu
