@@ -46,7 +46,7 @@ from gnnserve.sampling.device import DeviceSampler
 from gnnserve.sampling.paths import build_path
 
 WARMUP = 3
-BATCH_SIZES = {64: 40, 1024: 12}  # seeds per batch: timed batches per round
+BATCH_SIZES = {1: 40, 64: 40, 1024: 12}  # seeds per batch: timed batches per round
 FANOUTS = [25, 10]
 
 

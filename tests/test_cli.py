@@ -171,6 +171,7 @@ SERVE_FLAG_VALUES = [
     ("--max-nodes", "9", "admission.max_nodes_per_request", 9),
     ("--torch-threads", "2", "compute.torch_threads", 2),
     ("--kernel-threads", "1", "compute.kernel_threads", 1),
+    ("--device", "cuda", "compute.device", "cuda"),
     ("--no-warm-up", None, "compute.warm_up", False),
     ("--update-log", "u.log", "store.update_log", "u.log"),
     ("--fsync", "never", "store.fsync", "never"),

@@ -49,6 +49,7 @@ SERVE_FLAGS: tuple[tuple[str, str], ...] = (
     ("--max-nodes", "admission.max_nodes_per_request"),
     ("--torch-threads", "compute.torch_threads"),
     ("--kernel-threads", "compute.kernel_threads"),
+    ("--device", "compute.device"),
     ("--no-warm-up", "compute.warm_up"),
     ("--result-cache", "compute.result_cache_mb"),
     ("--update-log", "store.update_log"),

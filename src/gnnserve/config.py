@@ -142,6 +142,12 @@ class ComputeConfig(_Strict):
         "parallel gathers); unset: every core. The stages run in threads of their own beside "
         "the event loop: on a small machine shared with clients, 1 keeps the loop responsive",
     )
+    device: Literal["cpu", "cuda"] = Field(
+        "cpu",
+        description="where routed batches (past the inline path) run: cpu, or cuda: sample, "
+        "gather and model on the GPU, only the answers copied back (inline batches stay on the "
+        "CPU); cuda needs a GPU",
+    )
     result_cache_mb: float = Field(
         0.0,
         ge=0,

@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import InvalidStateError
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -30,6 +31,9 @@ from gnnserve.errors import DeadlineExceededError, GnnServeError, InvalidInputEr
 from gnnserve.sampling.calibrate import CalibrationProfile, Stat, psgs_bound
 from gnnserve.sampling.paths import NEVER
 from gnnserve.types import MiniBatch, SampledSubgraph, Ticket
+
+if TYPE_CHECKING:
+    from gnnserve.engine.device_path import DeviceBatch
 
 STOP = object()  # sentinel closing a stage queue
 log = logging.getLogger(__name__)
@@ -52,12 +56,20 @@ class Batch:
     rng_seed: int | None = None  # every ticket's sampling seed (None: fresh draws)
     graph_version: str = ""  # version the batch reads, pinned from sampling until fetched
     read_pin: object = None  # that pin, handed from the sample thread to the fetch thread
-    subgraph: SampledSubgraph | None = None  # set by the sample stage
+    subgraph: SampledSubgraph | None = None  # set by the sample stage (CPU paths)
+    device: DeviceBatch | None = None  # set by the sample stage instead, on the device path
     path: str = ""  # the sampling path it took (sample stage): inline, parallel, presample, ...
     cost: float | None = None  # its summed PSGS under the default fanouts (None: not known)
     minibatch: MiniBatch | None = None  # set by the fetch stage
     stage_ms: dict[str, float] = field(default_factory=dict)  # per-stage wall time, ms
     token: int | None = None  # the batch's entry in the admission backlog
+
+    @property
+    def num_seeds(self) -> int | None:
+        """Unique seeds of the sample taken (None before the sample stage)."""
+        if self.subgraph is not None:
+            return self.subgraph.num_seeds
+        return None if self.device is None else self.device.sample.num_seeds
 
 
 def cost_bound(

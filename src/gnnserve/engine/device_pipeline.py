@@ -13,13 +13,16 @@ CUDA simulator: the same code, which the tests compare with the host pipeline.
 
 from __future__ import annotations
 
+from copy import deepcopy
+
 import numpy as np
 import torch
 
 from gnnserve.features.base import FeatureStore
 from gnnserve.graph.base import GraphStore
 from gnnserve.models.zoo import GNN
-from gnnserve.sampling.cuda_sampler import CudaSampler
+from gnnserve.sampling.cuda_memory import use_torch_allocator
+from gnnserve.sampling.cuda_sampler import CudaSampler, DeviceSample
 
 
 class DeviceFeatures:
@@ -53,7 +56,8 @@ class DeviceFeatures:
 
 
 class DevicePipeline:
-    """One batch of existing nodes through sample, gather and model, all on ``device``."""
+    """One batch of existing nodes through sample, gather and model, all on ``device``; each
+    stage is its own method so that a served pipeline runs them in its stage threads."""
 
     def __init__(
         self,
@@ -64,22 +68,42 @@ class DevicePipeline:
         seed: int = 0,
     ) -> None:
         self.device = features.device
-        self.model = model.to(self.device).eval()
+        use_torch_allocator()  # before the sampler's arrays create numba's CUDA context
+        self.model = self.place(model)
         self.sampler = CudaSampler(graph, fanouts, seed)
         self.features = features
         degree = torch.from_numpy(graph.gcn_degree(np.arange(graph.num_nodes)))
         self._in_degree = degree.to(self.device)
 
+    def place(self, model: GNN) -> GNN:
+        """``model`` on this device, for inference (a GPU copy; the model itself on the CPU)."""
+        copy = model if self.device.type == "cpu" else deepcopy(model)
+        return copy.to(self.device).eval()
+
+    def sample(self, seeds: np.ndarray, rng_seed: int | None = None) -> DeviceSample:
+        """The sample of validated ``seeds`` in device memory (draws as the CPU samplers')."""
+        return self.sampler.sample_on_device(seeds, rng_seed)
+
+    def gather(self, sample: DeviceSample) -> tuple[torch.Tensor, torch.Tensor]:
+        """(features, full-graph in-degrees) of the sample's input nodes, on the device."""
+        ids = sample.nodes[: sample.blocks[0].n_src].to(self.device)
+        return self.features.gather(ids), self._in_degree.index_select(0, ids)
+
     @torch.inference_mode()
+    def forward(
+        self, model: GNN, sample: DeviceSample, x: torch.Tensor, degree: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(logits, embedding) of the requested seeds, rows in request order, on the host:
+        the only copy back. ``model`` is on this device (:meth:`place`)."""
+        logits, embedding = model.forward_blocks(x, sample.blocks, degree)
+        rows = sample.seed_rows.to(self.device)
+        return logits.index_select(0, rows).cpu(), embedding.index_select(0, rows).cpu()
+
     def predict(
         self, seeds: np.ndarray, rng_seed: int | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(logits, embedding) on the host for every requested seed (rows in ``seeds`` order,
         repeats included); ``seeds`` validated node ids."""
-        sample = self.sampler.sample_on_device(seeds, rng_seed)
-        ids = sample.nodes[: sample.blocks[0].n_src].to(self.device)
-        x = self.features.gather(ids)
-        degree = self._in_degree.index_select(0, ids)
-        logits, embedding = self.model.forward_blocks(x, sample.blocks, degree)
-        rows = sample.seed_rows.to(self.device)
-        return logits.index_select(0, rows).cpu(), embedding.index_select(0, rows).cpu()
+        sample = self.sample(seeds, rng_seed)
+        x, degree = self.gather(sample)
+        return self.forward(self.model, sample, x, degree)

@@ -146,6 +146,9 @@ def check_deploy(config: ServeConfig) -> None:
     """Refuse an unknown ``deploy.mode``, or a configuration its executor cannot serve
     (``Executor.check_config``), before the store and model are loaded; then let the executor
     begin its slow start-up steps in the background (``Executor.start_early``)."""
+    from gnnserve.engine.device_path import check_device
+
+    check_device(config)
     mode = config.deploy.mode
     if mode not in EXECUTORS.names():
         raise InvalidInputError(

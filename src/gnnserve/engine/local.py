@@ -10,6 +10,9 @@ and compute threads, and all pull from the one batch queue, each only when it ho
 a slow batch (a straggler) holds its own pipeline only; the next batch goes to whichever
 pipeline is free. The stages release the GIL (numba kernels, torch), so pipelines overlap one
 another's work.
+
+With ``compute.device: cuda`` the routed batches take the device path
+(:mod:`gnnserve.engine.device_path`) through the same three stages.
 """
 
 from __future__ import annotations
@@ -19,9 +22,11 @@ import threading
 import time
 from collections.abc import Callable
 
+import numpy as np
 import torch
 
 from gnnserve.engine.batcher import STOP, Batch, drop_expired
+from gnnserve.engine.device_path import DEVICE_PATH, DevicePath
 from gnnserve.engine.executor import BatchSource, ExecutionContext, Executor
 from gnnserve.engine.pipeline import Stage, fail_batch, use_kernel_threads
 from gnnserve.errors import GnnServeError
@@ -38,6 +43,8 @@ class LocalExecutor(Executor):
         super().__init__(context)
         self._threads: list[threading.Thread] = []
         self._source: BatchSource | None = None
+        on_gpu = context.config.compute.device == DEVICE_PATH
+        self.device_path = DevicePath(context) if on_gpu else None
 
     def start(self, batches: BatchSource) -> None:
         """Start each pipeline's sample, fetch and compute threads, pulling from ``batches``."""
@@ -76,6 +83,21 @@ class LocalExecutor(Executor):
             Stage("fetch", self._fetch, to_fetch, to_compute, release, suffix, threads),
             Stage("compute", self._compute, to_compute, None, release, suffix, threads),
         ]
+
+    def warm_up(self) -> dict[str, float]:
+        """Compile and run the device path once (ms), when there is one."""
+        if self.device_path is None:
+            return {}
+        start = time.perf_counter()
+        self.device_path.warm_up()
+        return {"device_path": (time.perf_counter() - start) * 1e3}
+
+    def describe(self) -> dict[str, object]:
+        """The deploy mode, and where the device path keeps its rows when there is one."""
+        about = super().describe()
+        if self.device_path is not None:
+            about.update(self.device_path.describe())
+        return about
 
     def stop(self, timeout_s: float = 30.0) -> None:
         """Join the stage threads; the batcher's STOP drains them after the batches queued."""
@@ -119,7 +141,11 @@ class LocalExecutor(Executor):
             batch.graph_version = graph.acquire_read()  # released once features are read
             batch.cost = self._cost(batch)
             try:
-                batch.subgraph = self.sample(batch)
+                if self.device_path is not None and self.device_path.takes(batch):
+                    batch.path = DEVICE_PATH
+                    batch.device = self.device_path.sample(batch)
+                else:
+                    batch.subgraph = self.sample(batch)
             except BaseException as exc:  # noqa: BLE001 - reported per request
                 graph.release_read()
                 fail_batch(batch, exc)
@@ -131,11 +157,14 @@ class LocalExecutor(Executor):
         outbox.put(STOP)
 
     def _fetch(self, batch: Batch) -> None:
-        assert batch.subgraph is not None
         graph = self.context.graph
         graph.attach_read(batch.read_pin)
         try:
             drop_expired(batch)  # 504 for requests past their deadline; none left: skip
+            if batch.device is not None:
+                assert self.device_path is not None
+                return self.device_path.gather(batch.device)
+            assert batch.subgraph is not None
             ids = batch.subgraph.input_nodes
             x = self.context.features.get_valid(ids)  # sampled from the graph: valid ids
             in_degree = torch.from_numpy(graph.gcn_degree(ids))  # full-graph, for GCN
@@ -144,11 +173,15 @@ class LocalExecutor(Executor):
         batch.minibatch = MiniBatch(batch.subgraph, x, in_degree)
 
     def _compute(self, batch: Batch) -> None:
-        assert batch.minibatch is not None and batch.subgraph is not None
         assert self._source is not None
         drop_expired(batch)
         start = time.perf_counter()
-        logits, embedding = self.context.runner.forward(batch.minibatch)
+        if batch.device is not None:
+            assert self.device_path is not None
+            logits, embedding = self.device_path.forward(batch.device, self.context.runner)
+        else:
+            assert batch.minibatch is not None
+            logits, embedding = self.context.runner.forward(batch.minibatch)
         batch.stage_ms["compute"] = (time.perf_counter() - start) * 1e3
         self._source.finished(batch)  # before the answers: a caller's next request finds it done
         self._resolve(batch, logits, embedding)
@@ -163,10 +196,13 @@ def resolve_batch(
     batch: Batch, runner: ModelRunner, logits: torch.Tensor, embedding: torch.Tensor
 ) -> None:
     """Answer each request of ``batch`` from the unique seeds' ``logits`` / ``embedding``
-    (rows ``batch.subgraph.seed_rows``), with its timings; a request whose output is not finite
-    gets its error, the others their results."""
-    assert batch.subgraph is not None
-    rows = batch.subgraph.seed_rows
+    (rows ``batch.subgraph.seed_rows``; on the device path one row per requested seed), with
+    its timings; a request whose output is not finite gets its error, the others their
+    results."""
+    if batch.subgraph is not None:
+        rows = batch.subgraph.seed_rows
+    else:  # the device path answered each requested seed, in request order
+        rows = np.arange(batch.seeds.size, dtype=np.int64)
     offset = 0
     now = time.perf_counter()
     for ticket in batch.tickets:
@@ -185,7 +221,7 @@ def resolve_batch(
             fetch_ms=batch.stage_ms.get("fetch", 0.0),
             compute_ms=batch.stage_ms.get("compute", 0.0),
             total_ms=(now - ticket.arrival_s) * 1e3,
-            batch_size=batch.subgraph.num_seeds,
+            batch_size=batch.num_seeds or 0,
         )
         result = Result(
             ticket.request_id,

@@ -58,6 +58,13 @@ class ServerMetrics:
             "gnnserve_sampling_path_seeds", "Seeds (with duplicates) by sampling path", ["path"],
             registry=r,
         )  # fmt: skip
+        self.path_seconds = Histogram(
+            "gnnserve_sampling_path_batch_seconds",
+            "Time of a batch in the stages (sample, fetch, compute), by sampling path",
+            ["path"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
         self.batch_psgs = Histogram(
             "gnnserve_batch_psgs",
             "Summed PSGS (expected sampled nodes) per default-fanout batch",
@@ -98,11 +105,12 @@ class ServerMetrics:
         """Engine observer: record stage times and the batch size."""
         for stage, ms in batch.stage_ms.items():
             self.stage_latency.labels(stage).observe(ms / 1e3)
-        if batch.subgraph is not None:
-            self.batch_size.observe(batch.subgraph.num_seeds)
+        if batch.num_seeds is not None:
+            self.batch_size.observe(batch.num_seeds)
         if batch.path:
             self.path_batches.labels(batch.path).inc()
             self.path_seeds.labels(batch.path).inc(batch.seeds.size)
+            self.path_seconds.labels(batch.path).observe(sum(batch.stage_ms.values()) / 1e3)
         if batch.cost is not None:
             self.batch_psgs.observe(batch.cost)
 
