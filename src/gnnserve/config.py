@@ -114,8 +114,10 @@ class BatcherConfig(_Strict):
     )
     psgs_bound: Literal["strict", "loose"] = Field(
         "strict",
-        description="with latency_slo_ms: strict bounds by the max-latency curve, loose by the "
-        "mean curve (more throughput, some batches over the SLO)",
+        description="with latency_slo_ms: strict bounds batches by the max-latency curve and "
+        "refuses answers predicted past the SLO with a margin; loose bounds by the mean curve "
+        "and refuses only answers whose mean prediction is past it (more throughput, some "
+        "answers over the SLO)",
     )
     pipeline_depth: int = Field(2, ge=1)  # batches in flight from sampling to results
     pipelines: int = Field(

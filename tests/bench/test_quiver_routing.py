@@ -95,6 +95,19 @@ def test_open_loop_counts_refusals_as_infinite_and_answers_as_finite() -> None:
     assert np.all(np.isfinite(lat[~refused])) and np.all(lat[~refused] < 50)
 
 
+def test_kept_up_needs_the_answers_and_their_rate() -> None:
+    due = np.sort(np.random.default_rng(2).uniform(0.0, 2.0, 500))
+    quick = np.full(due.size, 5.0)  # every answer 5 ms after its send
+    assert routing.kept_up(due, quick, 2.0)
+    refused = quick.copy()
+    refused[:6] = math.inf  # 1.2% not answered
+    assert not routing.kept_up(due, refused, 2.0)
+    # a backlog that grows: the k-th answer waits k ms, the last one ~0.5 s after the window
+    growing = np.arange(due.size, dtype=float) * 1.0
+    assert not routing.kept_up(due, growing, 2.0)
+    assert routing.kept_up(due, growing * 0.1, 2.0)  # 50 ms behind at the end: within 5%
+
+
 def test_a_hybrid_equals_a_single_path_when_its_point_sends_every_batch_one_way() -> None:
     cost = np.array([5.0, 2.0, 9.0, 4.0])
     same = routing.same_as_single

@@ -103,6 +103,25 @@ def test_admission_refuses_an_answer_predicted_past_the_slo() -> None:
             assert "latency SLO of 10 ms" in reason
 
 
+def test_loose_judges_the_mean_prediction_strict_adds_the_margin() -> None:
+    backlog = _trained_backlog(0.008)
+    _in_flight(backlog, NOW)
+    for _ in range(backlog.calibration.every):  # answers came ~6 ms later than predicted
+        backlog.calibration.observe(0.010, 0.016)
+    margin = backlog.calibration.margin_s
+    assert margin == pytest.approx(0.006)
+    predicted = backlog.predict(1, NOW)
+    assert predicted is not None
+    slo_ms = (predicted.latency_s + margin / 2) * 1e3  # in time on average, not with the margin
+    strict = Admission(AdmissionConfig(), 1024, slo_ms=slo_ms)
+    loose = Admission(AdmissionConfig(), 1024, slo_ms=slo_ms, slo_margin=False)
+    assert strict.refusal(backlog, 1, NOW, None)[0] is not None
+    assert loose.refusal(backlog, 1, NOW, None)[0] is None
+    # a deadline keeps the margin on either: the answer must come before it
+    deadline = NOW + predicted.latency_s + margin / 2
+    assert loose.refusal(backlog, 1, NOW, deadline)[0] is not None
+
+
 @pytest.mark.parametrize("left_ms", [-5.0, 0.0])
 def test_no_slo_left_means_a_batch_of_one(left_ms: float) -> None:
     inbox: queue.Queue[object] = queue.Queue()

@@ -93,9 +93,13 @@ class Admission:
         config: AdmissionConfig,
         max_batch_nodes: int | None = 1024,
         slo_ms: float | None = None,
+        slo_margin: bool = True,
     ) -> None:
         self.config = config
         self.slo_ms = slo_ms  # batcher.latency_slo_ms: refuse answers predicted past it
+        # PSGS-Strict adds the backlog's calibration margin to the SLO's prediction (the answer
+        # must come in time); PSGS-Loose judges the mean prediction alone (in time on average)
+        self.slo_margin = slo_margin
         self.backlog = Backlog(max_batch_nodes, config.service_halflife)
         self._in_flight = 0
         self._lock = threading.Lock()
@@ -191,8 +195,8 @@ class Admission:
 
         Refused when the predicted queueing delay exceeds ``max_queue_delay_ms`` or the
         predicted answer, plus the backlog's calibration margin (at most half the time left),
-        comes after ``deadline`` or past the latency SLO (``slo_ms``, when set). Never refused
-        while ``backlog`` is idle.
+        comes after ``deadline`` or past the latency SLO (``slo_ms``, when set; without the
+        margin when ``slo_margin`` is off: PSGS-Loose). Never refused while ``backlog`` is idle.
         """
         predicted = backlog.predict(units, now)
         if predicted is None or backlog.idle:
@@ -206,15 +210,15 @@ class Admission:
                     f"{budget:g} ms; retry later",
                     predicted,
                 )
-        limits = []  # (seconds the answer may take, what that limit is)
+        limits = []  # (seconds the answer may take, what that limit is, margin added)
         if self.slo_ms is not None:
-            limits.append(
-                (self.slo_ms / 1e3, "past the latency SLO of {:g} ms (batcher.latency_slo_ms)")
-            )
+            what = "past the latency SLO of {:g} ms (batcher.latency_slo_ms)"
+            limits.append((self.slo_ms / 1e3, what, self.slo_margin))
         if deadline is not None:
-            limits.append((deadline - now, "after the request's deadline (in {:.0f} ms)"))
-        for limit_s, what in limits:
-            latency = predicted.latency_s + min(backlog.calibration.margin_s, limit_s / 2)
+            limits.append((deadline - now, "after the request's deadline (in {:.0f} ms)", True))
+        for limit_s, what, margin in limits:
+            extra = min(backlog.calibration.margin_s, limit_s / 2) if margin else 0.0
+            latency = predicted.latency_s + extra
             if latency > limit_s:
                 said = what.format(limit_s * 1e3)
                 return f"answer predicted in {latency * 1e3:.0f} ms, {said}; retry later", predicted

@@ -88,6 +88,7 @@ class Engine:
             self.config.admission,
             self.config.batcher.max_batch_nodes,
             slo_ms=self.config.batcher.latency_slo_ms,
+            slo_margin=self.config.batcher.psgs_bound == "strict",
         )
         self.limits = RequestLimits(
             graph,
