@@ -6,6 +6,7 @@ from pathlib import Path
 
 import httpx
 import numpy as np
+import pytest
 
 from gnnserve.config import ServeConfig
 from gnnserve.engine.loader import build_engine
@@ -18,9 +19,17 @@ FANOUTS = [5, 3]
 SMALL, LARGE = [3], list(range(100, 140))
 
 
-def test_batches_seeds_and_psgs_by_sampling_path(small_store: Path, small_ckpt: Path) -> None:
+@pytest.mark.parametrize(
+    ("device", "routed", "large"),
+    [("cpu", "parallel", LARGE), ("cuda", "cuda", LARGE[:4])],  # the simulator is slow
+)
+def test_batches_seeds_and_psgs_by_sampling_path(
+    small_store: Path, small_ckpt: Path, device: str, routed: str, large: list[int]
+) -> None:
+    """The routed batch counts under its path: ``parallel``, or ``cuda`` on the device path
+    (numba's CUDA simulator here); the inline one stays ``inline`` either way."""
     cost = psgs(open_graph_store(small_store), FANOUTS)
-    threshold = int(cost[LARGE].sum()) - 1  # the large request routes, the small one does not
+    threshold = int(cost[large].sum()) - 1  # the large request routes, the small one does not
     assert cost[SMALL].sum() < threshold
     config = ServeConfig.load(
         None,
@@ -29,19 +38,23 @@ def test_batches_seeds_and_psgs_by_sampling_path(small_store: Path, small_ckpt: 
             "model_path": str(small_ckpt),
             "sampler.fanouts": FANOUTS,
             "sampler.parallel_threshold": threshold,
+            "compute.device": device,
         },
     )
     with serving(build_engine(config)) as base:
-        before = {p: _count(base, "batches", p) for p in ("inline", "parallel")}
+        before = {p: _count(base, "batches", p) for p in ("inline", routed)}
+        timed = _value(base, f'gnnserve_sampling_path_batch_seconds_count{{path="{routed}"}}')
         psgs_before = _value(base, "gnnserve_batch_psgs_sum")
-        for nodes in (SMALL, LARGE):
+        for nodes in (SMALL, large):
             r = httpx.post(f"{base}/v1/predict", json={"nodes": nodes}, timeout=30)
             assert r.status_code == 200, r.text
         assert _count(base, "batches", "inline") == before["inline"] + 1
-        assert _count(base, "batches", "parallel") == before["parallel"] + 1
-        assert _count(base, "seeds", "parallel") >= len(LARGE)
+        assert _count(base, "batches", routed) == before[routed] + 1
+        assert _count(base, "seeds", routed) >= len(large)
+        count = f'gnnserve_sampling_path_batch_seconds_count{{path="{routed}"}}'
+        assert _value(base, count) == timed + 1
         summed = _value(base, "gnnserve_batch_psgs_sum") - psgs_before
-        np.testing.assert_allclose(summed, cost[SMALL].sum() + cost[LARGE].sum(), rtol=1e-9)
+        np.testing.assert_allclose(summed, cost[SMALL].sum() + cost[large].sum(), rtol=1e-9)
         assert metric(base, 'gnnserve_routing_psgs{point="route"}') == threshold
 
 

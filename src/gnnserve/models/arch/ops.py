@@ -27,8 +27,9 @@ def weighted_sum(
     if not torch.is_grad_enabled() and _ascending(dst):
         # the samplers emit each destination's edges together, in order: the rows of a CSR
         # matrix as they are, where COO would sort them again (and launch more kernels)
-        rows = torch.zeros(n_dst + 1, dtype=torch.int64, device=dst.device)
-        torch.cumsum(torch.bincount(dst, minlength=n_dst), 0, out=rows[1:])
+        # row i starts at the first edge whose destination is >= i (no device sync, unlike
+        # bincount, which reads the largest value to size its output)
+        rows = torch.searchsorted(dst, torch.arange(n_dst + 1, device=dst.device, dtype=dst.dtype))
         adj = torch.sparse_csr_tensor(
             rows, src, weight.to(h.dtype), (n_dst, n_src), check_invariants=False
         )
