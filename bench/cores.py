@@ -11,6 +11,9 @@ single-process gnnserve setting (1 or 2 threads) for the ``>= 1.2x`` comparison.
 
     python bench/cores.py                          # 2 cores here: 1 and 2 workers, 2 rounds
     python bench/cores.py --workers 1,2,4,8,16 --rounds 1 --budget-s 540   # a 16-core machine
+
+``--no-baseline`` runs the gnnserve arms alone, where no PyG sampler can be installed (the lent
+GPU machines: no pyg-lib build for their torch; ``bench/cores_device.sh``).
 """
 
 from __future__ import annotations
@@ -103,17 +106,20 @@ def main() -> None:
     p.add_argument("--tolerance", type=float, default=0.1)
     p.add_argument("--budget-s", type=float, default=540.0, help="no round starts past this")
     p.add_argument("--quick", action="store_true", help="1 round, 1 s steps, 30%% tolerance")
+    p.add_argument("--no-baseline", action="store_true", help="gnnserve arms only")
     opts = p.parse_args()
     if opts.quick:
         opts.rounds, opts.duration, opts.tolerance = 1, 1.0, 0.3
     counts = [int(w) for w in opts.workers.split(",")]
-    require_baseline()
+    sides = ("gnnserve",) if opts.no_baseline else ("gnnserve", "baseline")
+    if not opts.no_baseline:
+        require_baseline()
     t0 = time.perf_counter()
     records: dict[str, list[dict[str, Any]]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         data = fb100_sage(Path(tmp), "random init for the cores benchmark")
         arms = {}
-        plan = [(side, w, 1) for w in counts for side in ("gnnserve", "baseline")]
+        plan = [(side, w, 1) for w in counts for side in sides]
         plan.append(("gnnserve", 1, 2))  # the best single process may use both cores
         for side, w, t in plan:
             key = f"{side}x{w}@{t}"
@@ -144,9 +150,9 @@ def main() -> None:
         "capacity_rps": capacity,
         "speedup_over_one_worker": {w: med[f"gnnservex{w}@1"] / one for w in counts},
         "over_best_single_process": {w: med[f"gnnservex{w}@1"] / best_single for w in counts},
-        "over_baseline_equal_processes": {
-            w: med[f"gnnservex{w}@1"] / med[f"baselinex{w}@1"] for w in counts
-        },
+        "over_baseline_equal_processes": None
+        if opts.no_baseline
+        else {w: med[f"gnnservex{w}@1"] / med[f"baselinex{w}@1"] for w in counts},
     }
     payload = {"p99_budget_ms": P99_BUDGET_MS, "workers": counts, "rounds": opts.rounds,
                "rounds_completed": len(records["gnnservex1@1"]), "duration_s_per_rate":
@@ -159,11 +165,12 @@ def main() -> None:
     out = write_results(name, payload)
     for key, value in sorted(med.items()):
         print(f"{key:18s} {value:8.0f}/s")
+    versus = summary["over_baseline_equal_processes"]
     for w in counts:
+        baseline = f", {versus[w]:.2f}x the baseline at {w} processes" if versus else ""
         print(f"{w} workers: {summary['speedup_over_one_worker'][w]:.2f}x one worker, "
-              f"{summary['over_best_single_process'][w]:.2f}x the best single process, "
-              f"{summary['over_baseline_equal_processes'][w]:.2f}x the baseline at {w} "
-              "processes")  # fmt: skip
+              f"{summary['over_best_single_process'][w]:.2f}x the best single process"
+              f"{baseline}")  # fmt: skip
     print(f"wrote {out}")
 
 

@@ -2,39 +2,15 @@
 # Every GPU check of issue 46 in one run, for a lent GPU machine (about 6 minutes, <= 10).
 #
 # Here, once (the GPU image lacks pydantic, FastAPI and uvicorn, and ../shared does not travel):
-#   bench/gpu_device.sh prepare
+#   bench/gpu_device.sh prepare          (bench/device_env.sh)
 # then with the device tool:
 #   run(command="bash bench/gpu_device.sh", carry=[".whl", ".data"], timeout_s=540)
 # Outputs land in $OUT: machine.txt, the test log, each benchmark's log and JSON.
 # `bash bench/gpu_device.sh profile`: where a batch's time goes (bench/gpu_profile.py);
 # `bash bench/gpu_device.sh serve`: only the HTTP capacity (part 3).
 set -uo pipefail
-cd "$(dirname "$0")/.."
-
-if [[ "${1:-}" == "prepare" ]]; then
-  grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo '/.whl/' >>.git/info/exclude
-  grep -qx '/.data/' .git/info/exclude 2>/dev/null || echo '/.data/' >>.git/info/exclude
-  mkdir -p .data && cp ../shared/datasets/fb100_cornell5.npz .data/  # ../shared does not travel
-  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
-    --implementation cp --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-    -d .whl pydantic==2.14.4 pydantic_core==2.50.5 annotated-types==0.8.0 \
-    typing-inspection==0.4.5 fastapi==0.165.0 starlette==1.10.0 uvicorn==0.54.0 \
-    opentelemetry-api==1.45.2
-  exit
-fi
-
-OUT="${OUT:-/tmp/gpu-out}"
-mkdir -p "$OUT"
-if [[ -d .whl ]]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl || exit 1
-  export PYTHONPATH="/tmp/site:${PYTHONPATH:-}"
-fi
-# numba-cuda 0.30 still registers np.row_stack, which numpy 2.4 removed: shim it at start-up
-mkdir -p /tmp/site
-echo 'import numpy as _np; _np.row_stack = getattr(_np, "row_stack", _np.vstack)' >/tmp/site/sitecustomize.py
-[[ -d .data ]] && export GNNSERVE_DATASETS="$PWD/.data"
-export PYTHONPATH="$PWD/src:$PWD:/tmp/site:${PYTHONPATH:-}" PYTHONUNBUFFERED=1
+# shellcheck source=bench/device_env.sh
+source "$(dirname "$0")/device_env.sh" "$@"  # `prepare` here; there, the wheels and paths
 if [[ "${1:-}" == "profile" ]]; then  # where a batch's time goes, per allocator
   for allocator in numba torch; do
     (cd bench && timeout 150 python3 gpu_profile.py --allocator $allocator) 2>&1 \
