@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import warnings
+
 import torch
+
+# torch warns on every first CSR construction of a process that CSR support is in beta; the
+# CSR matmul used here (sparse x dense on CPU and CUDA) is stable and tested against a loop
+warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta state")
 
 __all__ = ["aggregate_first", "weighted_sum"]
 
