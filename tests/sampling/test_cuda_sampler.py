@@ -82,11 +82,12 @@ def test_launches_grow_with_scan_levels_not_with_the_batch(tiny_graph: GraphStor
     for n_seeds in (1, 6):
         seeds = np.arange(n_seeds) * 7
         sample = sampler.sample_on_device(seeds, rng_seed=1)
-        expected = 4 + _scan_launches(n_seeds) + 1  # seeds numbered, their rows, forget
+        # seeds numbered (mark, flags scanned, assign), their rows, forget
+        expected = 3 + _scan_launches(n_seeds) + 1
         for block in reversed(sample.blocks):  # hops, seeds' first
             n_edges = block.edge_index.shape[1]
-            expected += 2 + _scan_launches(block.n_dst)  # count, scan, draw
-            expected += 4 + _scan_launches(n_edges) if n_edges else 0
+            expected += 1 + _scan_launches(block.n_dst)  # counts scanned, draw
+            expected += 3 + _scan_launches(n_edges) if n_edges else 0
         assert sample.launches == expected
 
 

@@ -1,13 +1,15 @@
 """numba-cuda kernels of one sampling hop on the GPU (Quiver §4.2): a handful of launches per
 hop, whatever the frontier's size.
 
-A hop is: ``count`` (edges each frontier node draws), an exclusive ``scan`` of the counts (two
-or three launches), ``draw`` (Floyd's selection, one thread per frontier node, the same
-counter-based splitmix64 keys as :mod:`.kernels`, so the draws are bit-identical to the CPU
-samplers), then the relabel that appends unseen sources in order of first occurrence, as
-``kernels.relabel`` does: ``mark_first`` (atomic min of each unseen node's first edge),
-``flag_first``, a ``scan`` of the flags, ``assign`` (new local ids) and ``to_local``. The host
-reads two scalars per hop (edges drawn, nodes added) to size the next arrays.
+A hop is: ``scan_counts`` (the edges each frontier node draws, scanned in the same launch; one
+more level of scan per 256x more nodes), ``draw`` (Floyd's selection, one thread per frontier
+node, the same counter-based splitmix64 keys as :mod:`.kernels`, so the draws are bit-identical
+to the CPU samplers), then the relabel that appends unseen sources in order of first
+occurrence, as ``kernels.relabel`` does: ``mark_first`` (atomic min of each unseen node's first
+edge), ``scan_first_flags`` (flags of first occurrences, scanned in the same launch), ``assign``
+(new local ids; a flag is its rank's step) and ``to_local``. The host reads two scalars per hop
+(edges drawn, nodes added) to size the next arrays. Every launch costs tens of microseconds of
+host time whatever its work, so the flags and counts are never launched on their own.
 
 Kernels are compiled lazily on first launch, so importing this module needs no GPU; numba's CUDA
 simulator (``NUMBA_ENABLE_CUDASIM=1``) runs them on the CPU in tests.
@@ -42,23 +44,15 @@ def _row_key(seed, hop, node):  # type: ignore[no-untyped-def]
     return _mix(seed ^ _mix(np.uint64(node) * GOLDEN + np.uint64(hop + 1)))
 
 
-@cuda.jit
-def count(degree, frontier, fanout, counts):  # type: ignore[no-untyped-def]
-    """counts[i] = edges frontier node i draws: min(degree, fanout), every one when fanout < 0."""
-    i = cuda.grid(1)
-    if i < frontier.shape[0]:
-        deg = degree[frontier[i]]
-        counts[i] = deg if fanout < 0 or deg <= fanout else fanout
-
-
-@cuda.jit
-def scan_blocks(values, out, block_sums):  # type: ignore[no-untyped-def]
-    """Inclusive scan of each SCAN_BLOCK-long chunk of ``values`` into ``out`` (Hillis-Steele in
-    shared memory); each chunk's total into ``block_sums``."""
+@cuda.jit(device=True)
+def _scan_tile(value, n, out, block_sums):  # type: ignore[no-untyped-def]
+    """This thread's ``value`` into the inclusive scan of its SCAN_BLOCK-long chunk
+    (Hillis-Steele in shared memory), written to ``out`` (``n`` entries); each chunk's total
+    into ``block_sums``. Every thread of the block calls it."""
     tile = cuda.shared.array(SCAN_BLOCK, dtype=np.int64)
     t = cuda.threadIdx.x
     i = cuda.blockIdx.x * SCAN_BLOCK + t
-    tile[t] = values[i] if i < values.shape[0] else 0
+    tile[t] = value
     cuda.syncthreads()
     step = 1
     while step < SCAN_BLOCK:
@@ -67,10 +61,32 @@ def scan_blocks(values, out, block_sums):  # type: ignore[no-untyped-def]
         tile[t] += add
         cuda.syncthreads()
         step *= 2
-    if i < values.shape[0]:
+    if i < n:
         out[i] = tile[t]
     if t == SCAN_BLOCK - 1:
         block_sums[cuda.blockIdx.x] = tile[t]
+
+
+@cuda.jit
+def scan_blocks(values, out, block_sums):  # type: ignore[no-untyped-def]
+    """Inclusive scan of each SCAN_BLOCK-long chunk of ``values`` into ``out``; each chunk's
+    total into ``block_sums``."""
+    i = cuda.blockIdx.x * SCAN_BLOCK + cuda.threadIdx.x
+    n = values.shape[0]
+    _scan_tile(values[i] if i < n else 0, n, out, block_sums)
+
+
+@cuda.jit
+def scan_counts(degree, frontier, fanout, out, block_sums):  # type: ignore[no-untyped-def]
+    """:func:`scan_blocks` of the edges each frontier node draws: min(degree, fanout), every
+    one when fanout < 0."""
+    i = cuda.blockIdx.x * SCAN_BLOCK + cuda.threadIdx.x
+    n = frontier.shape[0]
+    count = 0
+    if i < n:
+        deg = degree[frontier[i]]
+        count = deg if fanout < 0 or deg <= fanout else fanout
+    _scan_tile(count, n, out, block_sums)
 
 
 @cuda.jit
@@ -126,20 +142,25 @@ def mark_first(sources, local_id, first):  # type: ignore[no-untyped-def]
 
 
 @cuda.jit
-def flag_first(sources, local_id, first, flags):  # type: ignore[no-untyped-def]
-    """flags[e] = 1 where edge e is the first occurrence of an unnumbered node, else 0."""
-    e = cuda.grid(1)
-    if e < sources.shape[0]:
+def scan_first_flags(sources, local_id, first, out, block_sums):  # type: ignore[no-untyped-def]
+    """:func:`scan_blocks` of the flags: 1 where edge e is the first occurrence of an
+    unnumbered node, else 0."""
+    e = cuda.blockIdx.x * SCAN_BLOCK + cuda.threadIdx.x
+    n = sources.shape[0]
+    flag = 0
+    if e < n:
         u = sources[e]
-        flags[e] = 1 if local_id[u] < 0 and first[u] == e else 0
+        flag = 1 if local_id[u] < 0 and first[u] == e else 0
+    _scan_tile(flag, n, out, block_sums)
 
 
 @cuda.jit
-def assign(sources, flags, ranks, n_nodes, local_id, first, nodes):  # type: ignore[no-untyped-def]
-    """Number each first occurrence ``n_nodes + rank`` (ranks: inclusive scan of the flags),
-    append it to ``nodes``, and clear its ``first`` entry for the next hop."""
+def assign(sources, ranks, n_nodes, local_id, first, nodes):  # type: ignore[no-untyped-def]
+    """Number each first occurrence ``n_nodes + rank`` (ranks: inclusive scan of the flags, so
+    an edge's flag is its rank's step), append it to ``nodes``, and clear its ``first`` entry
+    for the next hop."""
     e = cuda.grid(1)
-    if e < sources.shape[0] and flags[e]:
+    if e < sources.shape[0] and ranks[e] > (ranks[e - 1] if e > 0 else 0):
         u = sources[e]
         lid = n_nodes + ranks[e] - 1
         local_id[u] = lid

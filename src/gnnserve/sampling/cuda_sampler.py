@@ -1,9 +1,10 @@
 """k-hop sampling in numba-cuda kernels: the GPU throughput path that stays on the GPU.
 
 :class:`CudaSampler` keeps the adjacency in GPU memory and builds a sample with a few kernel
-launches per hop (:mod:`.cuda_kernels`: count, scan, draw, then a relabel of mark, flag, scan,
-assign and to-local), whatever the batch size; the host only reads two scalars per hop to size
-the next arrays. Its draws are bit-identical to the numba CPU samplers for the same draw key.
+launches per hop (:mod:`.cuda_kernels`: counts scanned, draw, then a relabel of mark, flags
+scanned, assign and to-local), whatever the batch size; the host only reads two scalars per
+hop to size the next arrays. Its draws are bit-identical to the numba CPU samplers for the
+same draw key.
 
 :meth:`CudaSampler.sample_on_device` returns the sample as torch tensors in GPU memory (zero-copy
 through ``__cuda_array_interface__``) for a pipeline that gathers features and runs the model
@@ -90,11 +91,15 @@ class _Launches:
 
     def inclusive_scan(self, values: DeviceArray):  # type: ignore[no-untyped-def]
         """The inclusive prefix sums of a non-empty int64 device array."""
-        n = values.shape[0]
+        return self.scan(kern.scan_blocks, values.shape[0], values)
+
+    def scan(self, kernel, n: int, *inputs):  # type: ignore[no-untyped-def]
+        """The inclusive prefix sums of the ``n`` values that ``kernel`` (one of the scan
+        kernels: ``inputs`` then ``out, block_sums``) produces, n > 0."""
         blocks = (n + kern.SCAN_BLOCK - 1) // kern.SCAN_BLOCK
         out = cuda.device_array(n, dtype=np.int64)
         sums = cuda.device_array(blocks, dtype=np.int64)
-        kern.scan_blocks[blocks, kern.SCAN_BLOCK](values, out, sums)
+        kernel[blocks, kern.SCAN_BLOCK](*inputs, out, sums)
         self.count += 1
         if blocks > 1:
             self.run(kern.add_block_offsets, n, out, self.inclusive_scan(sums))
@@ -175,9 +180,7 @@ class CudaSampler:
     def _draw_hop(self, launches: _Launches, frontier, fanout: int, key: np.uint64, hop: int):  # type: ignore[no-untyped-def]
         """[2, E] device array of (global source, local destination) drawn for ``frontier``."""
         n = frontier.shape[0]
-        counts = cuda.device_array(n, dtype=np.int64)
-        launches.run(kern.count, n, self._degree, frontier, fanout, counts)
-        ends = launches.inclusive_scan(counts)
+        ends = launches.scan(kern.scan_counts, n, self._degree, frontier, fanout)
         edges = cuda.device_array((2, _last(ends)), dtype=np.int64)
         launches.run(
             kern.draw, n, self._row_start, self._degree, self._indices, frontier, ends, key, hop,
@@ -192,13 +195,10 @@ class CudaSampler:
         if n == 0:
             return 0
         launches.run(kern.mark_first, n, sources, scratch.local_id, scratch.first)
-        flags = cuda.device_array(n, dtype=np.int64)
-        launches.run(kern.flag_first, n, sources, scratch.local_id, scratch.first, flags)
-        ranks = launches.inclusive_scan(flags)
+        ranks = launches.scan(kern.scan_first_flags, n, sources, scratch.local_id, scratch.first)
         launches.run(
-            kern.assign, n, sources, flags, ranks, n_nodes, scratch.local_id, scratch.first,
-            scratch.nodes,
-        )  # fmt: skip
+            kern.assign, n, sources, ranks, n_nodes, scratch.local_id, scratch.first, scratch.nodes
+        )
         return _last(ranks)
 
 
