@@ -387,11 +387,14 @@ def test_shared_admission_bound_deadline_and_graceful_stop(pe_store, small_ckpt)
     gate = _Gate(engine.new_nodes.inference(), "infer")  # in the worker, past the deadline check
     running = submit_new(engine, output="probs")
     assert gate.entered.wait(30)
-    waiting = [submit_new(engine), engine.submit(engine.request([1]))]
+    waiting = submit_new(engine)
+    existing = engine.submit(engine.request([1]))
+    assert existing.result(30).values.numel() == 1  # existing nodes do not wait on new ones
+    late = submit_new(engine)  # three in flight, all held behind the gate: the bound is reached
     with pytest.raises(OverloadedError):
         submit_new(engine)
-    assert waiting[1].result(30).values.numel() == 1  # existing nodes do not wait on new ones
-    late = submit_new(engine)
+    with pytest.raises(OverloadedError):  # one bound for both kinds of request
+        engine.submit(engine.request([1]))
     threading.Event().wait(0.3)
     stopper = threading.Thread(target=engine.stop)
     stopper.start()  # refuses new requests at once, then drains the accepted ones
@@ -402,6 +405,6 @@ def test_shared_admission_bound_deadline_and_graceful_stop(pe_store, small_ckpt)
     gate.event.set()
     stopper.join(30)
     assert running.result(0).values.shape == (3, 4)
-    assert isinstance(waiting[0].exception(0), DeadlineExceededError)
+    assert isinstance(waiting.exception(0), DeadlineExceededError)
     assert isinstance(late.exception(0), DeadlineExceededError)
     assert engine.queue_depth == 0
