@@ -14,10 +14,9 @@ or device array of the process); :func:`use_torch_allocator` says whether it cou
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -73,11 +72,6 @@ def _manager_class() -> type:
         def reset(self) -> None:
             super().reset()
             torch.cuda.empty_cache()
-
-        @contextlib.contextmanager
-        def defer_cleanup(self) -> Iterator[None]:
-            with super().defer_cleanup():
-                yield
 
         @property
         def interface_version(self) -> int:
