@@ -187,7 +187,6 @@ def test_a_killed_worker_is_replaced_while_the_other_serves(
 @pytest.mark.parametrize(
     ("flags", "problem"),
     [
-        (["--update-log", "u.log"], "update log is written by one process"),
         (["--deploy", "dgs"], "dgs deployment"),
         (["--port", "0"], "share one port"),
     ],

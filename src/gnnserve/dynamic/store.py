@@ -17,9 +17,11 @@ serving by the explicit start-up step ``dynamic.warmup.warm_up_updates`` (the en
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,8 +33,9 @@ from gnnserve.dynamic.columns import ColumnBatch
 from gnnserve.dynamic.features import DynamicFeatures
 from gnnserve.dynamic.graph import DynamicGraph, MissingEdgeError
 from gnnserve.dynamic.leftright import LeftRight
-from gnnserve.dynamic.records import Ops
+from gnnserve.dynamic.records import Ops, Record
 from gnnserve.dynamic.replayed import ReplayedChanges
+from gnnserve.dynamic.shared_log import appending, read_tail
 from gnnserve.dynamic.updates import UpdateRejectedError, parse_batch
 from gnnserve.dynamic.view import GraphReplica, VersionedFeatures, VersionedGraph
 from gnnserve.dynamic.wal import FsyncPolicy, UpdateLog, replay
@@ -51,6 +54,7 @@ from gnnserve.urls import local_path
 log = logging.getLogger(__name__)
 
 
+FOLLOW_INTERVAL_S = 0.01  # shared logs: how often the log's size is checked for new batches
 BACKGROUND_ROWS = 4096  # batches this long catch the second copy up in the background
 EdgeArrays = tuple[np.ndarray, np.ndarray, np.ndarray]  # (inserts bool, srcs, dsts)
 
@@ -117,11 +121,14 @@ class DynamicStore:
         compact_above: float = 0.5,
         read_only: bool = False,
         store_path: str | Path | None = None,
+        shared: bool = False,
     ) -> None:
         """``log_path``: a path or file URL. ``read_only``: replay the log without touching it
         (no writes, no torn-tail repair, no lock); ``apply`` then raises ReadOnlyStoreError. For
         tools beside a live server. ``store_path``: where ``graph`` was read from (named in the
-        commands a refusal suggests)."""
+        commands a refusal suggests). ``shared``: other processes append to the log too
+        (``dynamic.shared_log``): their batches are read from it and applied here, in the
+        background and before each batch of this process."""
         log_path = local_path(log_path, "store.update_log")
         self._store_path = str(store_path) if store_path is not None else "STORE"
         self._latest = GraphReplica(DynamicGraph(graph), DynamicFeatures(features))
@@ -131,21 +138,44 @@ class DynamicStore:
             UpdateListener | PublishListener
         ] = []  # subscribed after replay, from its state
         # the writer lock before the replay: a second server must not cut a live writer's tail
-        self.log = None if read_only else UpdateLog(log_path, fsync)
+        self.log = None if read_only else UpdateLog(log_path, fsync, shared=shared)
+        self._log_end = 0  # shared: where the records applied here end
         try:
-            self.replayed = self._replay(log_path, graph.version, truncate=not read_only)
+            self.replayed = self._start(log_path, graph.version, read_only)
         except BaseException:
             if self.log is not None:
                 self.log.close()
             raise
-        if self.log is not None and self.graph.seq == 0 and self.log.path.stat().st_size == 0:
-            self.log.append(0, [{"op": "base", "checksum": graph.version}])
         self._replicas = LeftRight(self._latest)  # after the replay: one copy replayed, cloned
         self.view = VersionedGraph(self._replicas)
         self.features = VersionedFeatures(self._replicas)
         self._stop = threading.Event()
         self._compactor = threading.Thread(target=self._compact_loop, daemon=True)
         self._compactor.start()
+        if self.shared:
+            threading.Thread(target=self._follow_loop, daemon=True).start()
+
+    @property
+    def shared(self) -> bool:
+        """Other processes append to this store's log too."""
+        return self.log is not None and self.log.shared
+
+    def _start(self, path: str | Path, base_version: str, read_only: bool) -> int:
+        """Replay the log (a shared one under the append lock) and give a new log its header;
+        the batches replayed."""
+        log = self.log
+        if log is None or not log.shared:
+            replayed = self._replay(replay(path, not read_only), path, base_version)
+            if log is not None and self.graph.seq == 0 and log.path.stat().st_size == 0:
+                log.append(0, [{"op": "base", "checksum": base_version}])
+            return replayed
+        with appending(log):
+            records = read_tail(log, 0, 0, locked=True)
+            self._log_end = records[-1][2] if records else 0
+            replayed = self._replay(((s, o) for s, o, _ in records), path, base_version)
+            if not records:
+                self._log_end = log.append(0, [{"op": "base", "checksum": base_version}])
+        return replayed
 
     @property
     def graph(self) -> DynamicGraph:
@@ -178,15 +208,15 @@ class DynamicStore:
             if listener in self._listeners:
                 self._listeners.remove(listener)
 
-    def _replay(self, path: str | Path, base_version: str, truncate: bool) -> int:
-        """Apply every logged batch after checking the log belongs to this base store;
-        ``replay_changes`` sums up what they changed.
+    def _replay(self, records: Iterable[Record], path: str | Path, base_version: str) -> int:
+        """Apply every logged batch (``records``, of the log at ``path``) after checking the log
+        belongs to this base store; ``replay_changes`` sums up what they changed.
 
         A corrupt log raises StoreFormatError (see dynamic.wal) once the good records before the
         damage are applied: the half-built store is then discarded with the exception."""
         applied = 0
         self.replay_changes = ReplayedChanges(self.graph.num_nodes)
-        for seq, ops in replay(path, truncate):
+        for seq, ops in records:
             if seq == 0:
                 header = ops[0] if ops and isinstance(ops[0], dict) else {}
                 if header.get("checksum") != base_version:
@@ -253,7 +283,7 @@ class DynamicStore:
         record) and applied by array code, the GIL held only to read the operations. Any other
         batch, and any the columns refuse, is checked op by op (``parse_batch``), which names
         every problem."""
-        with self._writer:
+        with self._writing():
             batch = columns.from_json(ops, self._latest.features.dim)
             if batch is None:
                 batch = self._columns(self._parse(ops))
@@ -270,7 +300,7 @@ class DynamicStore:
         Whether each delete finds its edge is checked by applying the batch to that copy (one
         scan of the edge's row instead of two); when one does not, the copy is rebuilt and the
         batch checked in full, which names every refused row."""
-        with self._writer:
+        with self._writing():
             return self._apply_columns(batch)
 
     def _apply_columns(self, batch: ColumnBatch) -> UpdateResult:
@@ -278,11 +308,68 @@ class DynamicStore:
         seq = self._next_seq()
         log = self.log
         assert log is not None
+
+        def log_it() -> None:
+            self._log_end += log.append_frame(seq, columns.encode(batch))
+
         try:
-            return self._apply(batch, seq, lambda: log.append_frame(seq, columns.encode(batch)))
+            return self._apply(batch, seq, log_it)
         except MissingEdgeError:
             self._check(batch)  # raises UpdateRejectedError naming every row
             raise
+
+    @contextmanager
+    def _writing(self) -> Iterator[None]:
+        """One batch of this process at a time; with a shared log, also of every process, and
+        after the batches the others appended are applied here."""
+        with self._writer:
+            if not self.shared:
+                yield
+                return
+            assert self.log is not None
+            with appending(self.log):
+                self._follow(locked=True)
+                yield
+
+    def follow(self) -> int:
+        """Apply the batches other processes appended to a shared log; how many."""
+        with self._writer:
+            return self._follow(locked=False) if self.shared else 0
+
+    def _follow(self, locked: bool) -> int:
+        log = self.log
+        assert log is not None
+        records = read_tail(log, self._log_end, self.graph.seq + 1, locked)
+        for seq, ops, end in records:
+            self._apply(self._replayed_batch(log.path, seq, ops), seq)
+            self._log_end = end
+        return len(records)
+
+    def _follow_loop(self) -> None:
+        """Apply the other processes' batches as they reach the log (a stat per interval)."""
+        assert self.log is not None
+        seen = -1
+        while not self._stop.wait(FOLLOW_INTERVAL_S):
+            try:
+                size = os.stat(self.log.path).st_size
+                if size != seen:
+                    self.follow()
+                    seen = size
+            except Exception:  # noqa: BLE001 - logged; a write or the next poll reads again
+                log.exception("reading the batches of the other workers from %s", self.log.path)
+
+    def ensure_version(self, seq: int) -> None:
+        """Return once the batch ``seq`` is applied here (read-your-writes across processes);
+        InvalidInputError when the log holds no such batch: no write returned that version."""
+        if self.graph.seq >= seq:
+            return
+        self.follow()  # an acknowledged batch is in the log: reading it is enough
+        if self.graph.seq < seq:
+            raise InvalidInputError(
+                f"min_version {seq} is ahead of the update log (its last batch is seq "
+                f"{self.graph.seq}): no write returned that version",
+                "min_version",
+            )
 
     def _next_seq(self) -> int:
         if self.log is None:

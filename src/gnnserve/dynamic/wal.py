@@ -304,10 +304,17 @@ def _make_dirs(path: Path) -> None:
 
 
 class UpdateLog:
-    """The writer side of the log; thread-safe ``append``."""
+    """The writer side of the log; thread-safe ``append``.
 
-    def __init__(self, path: str | Path, fsync: FsyncPolicy | str = FsyncPolicy.ALWAYS) -> None:
+    ``shared``: one of several server processes appending to the log (``serve --workers N``):
+    the supervisor holds the writer lock (:func:`hold_writer_lock`), and this process appends
+    only inside :meth:`exclusive` (see ``dynamic.shared_log``)."""
+
+    def __init__(
+        self, path: str | Path, fsync: FsyncPolicy | str = FsyncPolicy.ALWAYS, shared: bool = False
+    ) -> None:
         self.path = Path(path)
+        self.shared = shared
         _make_dirs(self.path.parent)
         self.fsync = FsyncPolicy(fsync)
         flags = os.O_WRONLY | os.O_APPEND
@@ -317,22 +324,25 @@ class UpdateLog:
         except FileExistsError:
             self._fd = os.open(self.path, flags)
         try:
-            _lock(self._fd, self.path)
+            if not shared:
+                _lock(self._fd, self.path)
         except LogInUseError:
             os.close(self._fd)
             raise
         self._lock = threading.Lock()
         self.bytes_written = 0
 
-    def append(self, version: int, ops: list[dict[str, Any]]) -> None:
-        """Write one batch as a JSON line; returns once it is as durable as the policy says."""
-        self._write(encode_record(version, ops))
+    def append(self, version: int, ops: list[dict[str, Any]]) -> int:
+        """Write one batch as a JSON line; returns (its length in bytes) once it is as durable
+        as the policy says."""
+        return self._write(encode_record(version, ops))
 
-    def append_frame(self, version: int, payload: bytes) -> None:
-        """Write one bulk batch (``columns.encode``) as a binary frame; durable as ``append``."""
-        self._write(encode_frame(version, payload))
+    def append_frame(self, version: int, payload: bytes) -> int:
+        """Write one bulk batch (``columns.encode``) as a binary frame; durable as ``append``;
+        its length in bytes."""
+        return self._write(encode_frame(version, payload))
 
-    def _write(self, data: bytes) -> None:
+    def _write(self, data: bytes) -> int:
         with self._lock:
             view = memoryview(data)
             while view:
@@ -340,6 +350,17 @@ class UpdateLog:
             if self.fsync is FsyncPolicy.ALWAYS:
                 os.fsync(self._fd)
             self.bytes_written += len(data)
+            return len(data)
+
+    def fileno(self) -> int:
+        """The descriptor this process appends through."""
+        return self._fd
+
+    def truncate(self, size: int) -> None:
+        """Cut the file to ``size`` bytes (a torn tail), durably."""
+        with self._lock:
+            os.ftruncate(self._fd, size)
+            os.fsync(self._fd)
 
     def close(self) -> None:
         """Flush and close the file."""

@@ -34,7 +34,13 @@ from gnnserve.engine.executor import EXECUTORS, ExecutionContext, Executor
 from gnnserve.engine.planner import Planner, serving_profile
 from gnnserve.engine.requests import RequestLimits, request_fields, validate_request
 from gnnserve.engine.warmup import log_warm_up, warm_up_engine
-from gnnserve.errors import GnnServeError, ReadOnlyStoreError, ShuttingDownError
+from gnnserve.errors import (
+    GnnServeError,
+    InvalidInputError,
+    ReadOnlyStoreError,
+    ShuttingDownError,
+    echo,
+)
 from gnnserve.features.base import FeatureStore
 from gnnserve.graph.base import GraphStore
 from gnnserve.models.runner import ModelRunner
@@ -390,6 +396,32 @@ class Engine:
         ``max_bytes`` a stream that expands beyond it once decoded is refused first (413)."""
         store = self._store()
         return store.apply_columns(bulk.read_stream(stream, max_bytes))
+
+    def ensure_version(self, min_version: int | str) -> None:
+        """Return once the graph holds the write that returned ``min_version`` (its ``seq``, or
+        its ``graph_version``): read-your-writes across ``serve --workers``. InvalidInputError
+        (``min_version``) for a version no write of this store returned."""
+        seq = min_version
+        if isinstance(min_version, str):
+            head, _, tail = min_version.rpartition(".")
+            checksum = self.graph.version.rpartition(".")[0] or self.graph.version
+            if head != checksum or not tail.isdigit():
+                raise InvalidInputError(
+                    f"min_version {echo(min_version)} is not a version of this store (it is at "
+                    f"{self.graph.version}; give a graph_version or seq a write returned)",
+                    "min_version",
+                )
+            seq = int(tail)
+        assert isinstance(seq, int)
+        if seq < 0:
+            raise InvalidInputError(f"min_version must be >= 0, got {seq}", "min_version")
+        if self.updates is not None:
+            self.updates.ensure_version(seq)
+        elif seq > 0:
+            raise InvalidInputError(
+                f"min_version {seq}: this store takes no updates (serve it with --update-log)",
+                "min_version",
+            )
 
     def _store(self) -> DynamicStore:
         if self.updates is None:

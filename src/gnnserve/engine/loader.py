@@ -17,6 +17,7 @@ import numpy as np
 from gnnserve.config import ServeConfig
 from gnnserve.data.blobs import open_blobs
 from gnnserve.data.layout import verify_checksum
+from gnnserve.dynamic.shared_log import shares_log
 from gnnserve.dynamic.store import DynamicStore
 from gnnserve.embeddings.affected import BatchChanges
 from gnnserve.embeddings.base import EmbeddingStore
@@ -93,7 +94,12 @@ def build_engine(config: ServeConfig) -> Engine:
             engine.tiers = TierRefresher(engine, budgets, config.store.tier_refresh_s).start()
         return engine
     store = DynamicStore(
-        graph, features, config.store.update_log, config.store.fsync, store_path=config.store.path
+        graph,
+        features,
+        config.store.update_log,
+        config.store.fsync,
+        store_path=config.store.path,
+        shared=shares_log(),  # a worker of `serve --workers N`
     )
     try:
         pes, problem = load_embeddings(config, store.view, ckpt.version)  # after the replay

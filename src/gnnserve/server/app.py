@@ -132,6 +132,8 @@ def new_node_fields(result: Result) -> dict[str, Any]:
 
 async def _predict(engine: Engine, body: PredictRequest) -> Result:
     """Run a /v1/predict body: existing nodes, or new nodes (exactly one of them)."""
+    if body.min_version is not None:  # its own thread: it may read the others' batches
+        await asyncio.to_thread(engine.ensure_version, body.min_version)
     new = None
     if body.new_nodes is not None:
         n = body.new_nodes
@@ -353,10 +355,14 @@ def create_app(
         return JSONResponse(dataclasses.asdict(result))
 
     @app.get("/v1/graph/neighbors/{node}", responses=_ERRORS)
-    async def neighbors(node: str) -> dict[str, Any]:
+    async def neighbors(node: str, min_version: str | None = None) -> dict[str, Any]:
         """In-neighbours of ``node`` (a decimal node id) at the current graph version (sources
-        of edges into it)."""
+        of edges into it); ``min_version``: at least the version a write returned (its seq or
+        graph_version), as in /v1/predict."""
         node_id = _node_id(node)
+        if min_version is not None:
+            wanted = int(min_version) if min_version.isdigit() else min_version
+            await asyncio.to_thread(engine.ensure_version, wanted)
         version = engine.graph.acquire_read()
         try:
             ids = engine.graph.neighbors(node_id).tolist()

@@ -68,6 +68,12 @@ class PredictRequest(BaseModel):
         None,
         description="new_nodes only, mode srpe: query_edges_ratio | importance | random | oracle",
     )
+    min_version: StrictInt | StrictStr | None = Field(
+        None,
+        description="answer from a graph holding this write: the seq or graph_version a POST "
+        "/v1/graph/updates returned (read-your-writes across --workers); 400 when no write "
+        "returned it",
+    )
     seed: StrictInt | None = Field(
         None,
         description="the draws, a 64-bit integer in [-2^63, 2^64) (a negative seed draws as "

@@ -14,8 +14,11 @@ which any worker reads its peers:
 SIGTERM or SIGINT to the supervisor reaches every worker, each drains its admitted requests,
 and the supervisor exits 0 when they all did. A worker that dies is started again in its slot
 (not after a start-up refusal: exit code 2 stops the others and is the supervisor's code).
-Static stores in the local deployment only: an update log (writes every worker must apply),
-feature servers and the other deployments are refused with the reason.
+With ``--update-log`` the workers share one log (``dynamic.shared_log``): the supervisor holds
+its writer lock, whichever worker receives a batch appends it under the append lock once it has
+applied the others' batches, and every worker applies every batch by offset; a request's
+``min_version`` (the seq or graph_version a write returned) reads it from any worker. The local
+deployment only: feature servers and the other deployments are refused with the reason.
 """
 
 from __future__ import annotations
@@ -38,8 +41,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from gnnserve.config import ServeConfig
+from gnnserve.dynamic.shared_log import SHARED_LOG_ENV, hold_writer_lock
 from gnnserve.errors import InvalidInputError
 from gnnserve.ports import free_port
+from gnnserve.urls import local_path
 
 log = logging.getLogger(__name__)
 
@@ -91,8 +96,6 @@ def check_workers(config: ServeConfig) -> ServeConfig:
     reasons = [
         (config.deploy.mode != "local", "deploy.mode", f"the {config.deploy.mode} deployment runs"
          " its own workers behind one front process"),
-        (bool(config.store.update_log), "store.update_log", "an update log is written by one "
-         "process: serve graph updates with --workers 1"),
         (bool(config.store.feature_servers), "store.feature_servers", "feature servers are Ray "
          "actors of one front process"),
         (s.port == 0, "server.port", "the workers share one port: give --port"),
@@ -132,6 +135,9 @@ class Supervisor:
         self.procs: list[subprocess.Popen[bytes]] = []
         self.restarts = [0] * self.count
         self.stopping = False
+        # the log's writer lock for the deployment's life: no other server or repair beside it
+        log = config.store.update_log
+        self.log_lock = None if not log else hold_writer_lock(local_path(log, "store.update_log"))
 
     def _start(self, index: int) -> subprocess.Popen[bytes]:
         env = {
@@ -139,6 +145,7 @@ class Supervisor:
             SLOT_ENV: f"{index}/{self.count}",
             FD_ENV: str(self.sock.fileno()),
             PEERS_ENV: self.peers,
+            SHARED_LOG_ENV: "1" if self.log_lock is not None else "0",
         }
         return subprocess.Popen(self.argv, env=env, pass_fds=(self.sock.fileno(),))
 
@@ -163,6 +170,8 @@ class Supervisor:
         clean = (0, -signal.SIGTERM, -signal.SIGINT)
         codes = [p.returncode for p in self.procs]
         self.sock.close()
+        if self.log_lock is not None:
+            os.close(self.log_lock)
         return code or (0 if all(c in clean for c in codes) else 1)
 
     def _on_exit(self, index: int, returncode: int) -> int:
