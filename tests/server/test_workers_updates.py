@@ -29,6 +29,7 @@ from tests.embeddings.reference import layer_outputs
 from tests.server.test_workers import _workers
 
 ASKED = [0, 7, 100, 1999]
+MODEL = "sage"
 
 
 @pytest.fixture(scope="module")
@@ -39,6 +40,7 @@ def shared_log(
     log = tmp_path_factory.mktemp("shared") / "u.log"
     port = free_port()
     flags = ["--workers", "2", "--update-log", str(log), "--fsync", "never", "--fanouts=-1,-1"]
+    flags += ["--name", MODEL]
     proc = start_server(small_store, small_ckpt, port, *flags)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -83,6 +85,12 @@ def test_a_write_through_one_worker_is_read_through_each_at_its_version(
             answer = _post(base, "/v1/predict", body).json()
             assert answer["graph_version"] == version  # no later write in this test
             np.testing.assert_allclose(answer["predictions"], want, atol=1e-5)
+        oip = {"inputs": [{"name": "node_ids", "datatype": "INT64", "shape": [len(ASKED)],
+               "data": ASKED}], "outputs": [{"name": "probs"}],
+               "parameters": {"min_version": seq}}  # fmt: skip
+        answer = _post(base, f"/v2/models/{MODEL}/infer", oip).json()
+        np.testing.assert_allclose(np.reshape(answer["outputs"][0]["data"], want.shape), want,
+                                   atol=1e-5)  # fmt: skip
         got = httpx.get(f"{base}/v1/graph/neighbors/7", params={"min_version": str(seq)}).json()
         assert {1500, 1501} <= set(got["in_neighbors"])
     ahead = _post(second, "/v1/predict", {"nodes": [1], "min_version": seq + 1000})

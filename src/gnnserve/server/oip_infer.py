@@ -4,8 +4,8 @@ Inference takes either the INT64 ``node_ids`` input (existing nodes) or new node
 ``new_node_features`` (FP32 [m, F]), ``new_node_edges`` (INT64 [E, 2]: new node index, existing
 node id) and optionally ``new_node_new_edges`` (INT64 [E2, 2]); the request ``parameters`` may
 set ``mode``, ``gamma``, ``policy``, ``seed`` and ``fanouts`` of a new-node request, and
-``fanouts`` and ``seed`` of a ``node_ids`` request (any other parameter is refused, 400 naming
-``parameters``).
+``fanouts``, ``seed`` and ``min_version`` of a ``node_ids`` request (any other parameter is
+refused, 400 naming ``parameters``).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ EDGES_INPUT = "new_node_edges"
 NEW_EDGES_INPUT = "new_node_new_edges"
 NEW_NODE_INPUTS = (FEATURES_INPUT, EDGES_INPUT, NEW_EDGES_INPUT)
 NEW_NODE_PARAMETERS = ("mode", "gamma", "policy", "seed", "fanouts")
-NODE_IDS_PARAMETERS = ("fanouts", "seed")  # of a node_ids request, as in /v1/predict
+NODE_IDS_PARAMETERS = ("fanouts", "seed", "min_version")  # of node_ids, as in /v1/predict
 OUTPUT_NAMES = [k.value for k in OutputKind]
 DEFAULT_OUTPUT = "label"
 DATATYPES = {OutputKind.LABEL: "INT64", OutputKind.PROBS: "FP32", OutputKind.EMBEDDING: "FP32"}
@@ -143,8 +143,16 @@ def _check_parameters(params: dict[str, object], allowed: tuple[str, ...], what:
 async def _infer_node_ids(
     engine: Engine, nodes: np.ndarray, wanted: list[str], params: dict[str, Any]
 ) -> list[Result]:
-    """One engine run per wanted output; ``params`` may set ``fanouts`` and ``seed``."""
+    """One engine run per wanted output; ``params`` may set ``fanouts``, ``seed`` and
+    ``min_version``."""
     _check_parameters(params, NODE_IDS_PARAMETERS, f"an {INPUT_NAME!r} request")
+    if (min_version := params.get("min_version")) is not None:
+        if not isinstance(min_version, int | str) or isinstance(min_version, bool):
+            raise InvalidInputError(
+                "parameters.min_version must be a seq (int) or a graph_version (string)",
+                "min_version",
+            )
+        await asyncio.to_thread(engine.ensure_version, min_version)
     try:
         requests = [
             engine.request(nodes, output=w, fanouts=params.get("fanouts"), seed=params.get("seed"))
