@@ -1,6 +1,6 @@
 """HTTP request latency while the graph changes: `gnnserve serve --update-log` on demand, with
-`--presample`, and with `--deploy dgs` (1 sampling + 1 serving Ray worker), on fb100_cornell5
-and soc_epinions1.
+`--presample`, with `--deploy dgs` (1 sampling + 1 serving Ray worker), and with `--workers 2`
+(two server processes sharing the log; `--modes` adds it), on fb100_cornell5 and soc_epinions1.
 
 Single-node prediction requests (seeds drawn proportionally to in-degree, so skewed toward hubs)
 arrive open-loop at a fixed rate; at the same time update batches of 100 operations (half edge
@@ -15,6 +15,7 @@ compare cells at equal applied rates). Edge-only update bodies take the server's
     python bench/dynamic_http.py            # full run (~14 min)
     python bench/dynamic_http.py --quick    # smoke run (one round, 2 s cells)
     python bench/dynamic_http.py --modes dgs --datasets soc_epinions1   # a subset of the cells
+    python bench/dynamic_http.py --modes presample,workers2,dgs --datasets fb100_cornell5
 """
 
 from __future__ import annotations
@@ -55,7 +56,9 @@ MODE_FLAGS = {  # serve flags of each mode
     "on_demand": [],
     "presample": ["--presample"],
     "dgs": ["--deploy", "dgs", "--deploy-workers", "1"],  # 1 sampling + 1 serving Ray actor
+    "workers2": ["--workers", "2"],  # two server processes sharing one update log
 }
+DEFAULT_MODES = "on_demand,presample,dgs"
 ROUNDS = 3  # interleaved: every (mode, rate) cell once per round, the order reversed each round
 REQUEST_RATE = 300.0  # prediction requests per second
 
@@ -162,7 +165,7 @@ def run_rounds(
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smoke run: one round, 2 s cells")
-    parser.add_argument("--modes", default="on_demand,presample,dgs", help="comma-separated")
+    parser.add_argument("--modes", default=DEFAULT_MODES, help="comma-separated")
     parser.add_argument("--datasets", default="fb100_cornell5,soc_epinions1")
     args = parser.parse_args()
     modes = args.modes.split(",")
@@ -184,7 +187,8 @@ def main() -> None:
             )
     out = write_results(
         result_name(
-            "dynamic_http" + ("" if len(modes) == 3 else "_" + "_".join(modes)), args.quick
+            "dynamic_http" + ("" if args.modes == DEFAULT_MODES else "_" + "_".join(modes)),
+            args.quick,
         ),
         {
             "request_rate": REQUEST_RATE,

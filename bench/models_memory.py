@@ -3,9 +3,11 @@
 An R-MAT graph (2^18 nodes, 4M edges, 128-dim features: ~150 MB of graph and features) served
 by `gnnserve serve` with one GraphSAGE model, then with that model and a second one of the same
 shape (other weights) over the same graph (``--model a=CKPT --model b=CKPT2``). Each server is
-warmed up and answers 200 requests per model (fanouts [10, 5], 8 nodes each); then its
+warmed up and answers 200 requests per model (fanouts [10, 5], 8 nodes each); its
 proportional set size (PSS, /proc/<pid>/smaps_rollup: shared pages counted once across
-processes) and RSS are read. Two model sizes: 2x256 (0.3 MB of parameters) and 3x2048 (36 MB),
+processes) and RSS are read once ready, right after the requests, and after 2.5 s without any
+(the server gives the heap's free pages back after 1 s idle: models/heap.py). Two model sizes:
+2x256 (0.3 MB of parameters) and 3x2048 (36 MB),
 three rounds of the two servers each, interleaved. Published: the median growth from one model
 to two against the second model's parameter bytes (target: <= 1.1x those bytes).
 
@@ -40,6 +42,7 @@ from gnnserve.ports import free_port  # noqa: E402
 SHAPES = {"2x256": (2, 256), "3x2048": (3, 2048)}  # layers, hidden width
 REQUESTS_PER_MODEL = 200
 TARGET_RATIO = 1.1
+IDLE_S = 2.5  # seconds without requests before the last reading
 
 
 def _checkpoint(out: Path, layers: int, hidden: int, seed: int) -> tuple[Path, int]:
@@ -86,8 +89,9 @@ def _serve(
                     ids = rng.integers(0, nodes, 8).tolist()
                     r = client.post("/v1/predict", json={"nodes": ids, "model": name})
                     r.raise_for_status()
-        time.sleep(1.0)
-        return {"ready": ready, "after_traffic": _memory_kb(proc.pid)}
+        after = _memory_kb(proc.pid)  # at once: the activations' pages still held
+        time.sleep(IDLE_S)  # the server's idle trimmer gives them back after 1 s without work
+        return {"ready": ready, "after_traffic": after, "idle_after_traffic": _memory_kb(proc.pid)}
     finally:
         stop_server(proc, timeout_s=120)
 
@@ -120,7 +124,7 @@ def main() -> None:
                 f"{when}_{k}": [
                     (b[when][k] - a[when][k]) * 1024 for a, b in zip(one, two, strict=True)
                 ]
-                for when in ("ready", "after_traffic")
+                for when in ("ready", "after_traffic", "idle_after_traffic")
                 for k in ("pss", "rss")
             }
             shapes[shape] = {

@@ -9,6 +9,13 @@ from gnnserve.errors import NonFiniteOutputError
 from gnnserve.models.zoo import GNN
 from gnnserve.types import MiniBatch, OutputKind
 
+_forwards = 0  # forwards run in this process (models.heap trims the heap once it stops)
+
+
+def forwards_run() -> int:
+    """How many forwards this process has run (any model)."""
+    return _forwards
+
 
 class ModelRunner:
     """Runs ``model.forward_blocks`` under inference mode and shapes outputs per request."""
@@ -20,6 +27,8 @@ class ModelRunner:
     @torch.inference_mode()
     def forward(self, batch: MiniBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """(logits [num_seeds, C], embedding [num_seeds, H]) of the batch's unique seeds."""
+        global _forwards
+        _forwards += 1  # unlocked: a lost count only delays a trim
         logits, embedding = self.model.forward_blocks(
             batch.x, batch.subgraph.blocks, batch.in_degree
         )

@@ -34,6 +34,7 @@ from gnnserve.errors import (
     internal_error,
 )
 from gnnserve.models.checkpoint import release_freed_heap
+from gnnserve.models.heap import IdleHeapTrimmer
 from gnnserve.server import oip
 from gnnserve.server.auth import ApiKeys, RequireApiKey
 from gnnserve.server.counting import CountRequests, RequestCounts
@@ -246,7 +247,9 @@ def create_app(
             grpc_server = await start_grpc(app, models, metrics, api_keys, oip.EXTENSIONS)
         # after the port is bound: live answers at once, ready (503 until then) once warm
         warming = asyncio.create_task(asyncio.to_thread(_warm_up, models.engines()))
+        trimmer = IdleHeapTrimmer().start()  # activations' pages back once traffic pauses
         yield
+        trimmer.stop()
         if grpc_server is not None:  # HTTP has drained: now gRPC's calls in flight
             await grpc_server.stop()
         await warming  # the engine must not close its stores under a running warm-up
