@@ -9,11 +9,25 @@ server holds what its models and graph need.
 
 from __future__ import annotations
 
+import ctypes
 import threading
 import time
+from pathlib import Path
+
+import torch
 
 from gnnserve.models.checkpoint import release_freed_heap
 from gnnserve.models.runner import forwards_run
+
+
+def _mkl_free_buffers() -> None:
+    """Free the buffers MKL's memory manager keeps (per thread that ran a GEMM), where torch
+    links MKL; nothing elsewhere."""
+    try:
+        lib = ctypes.CDLL(str(Path(torch.__file__).parent / "lib" / "libtorch_cpu.so"))
+        lib.mkl_serv_free_buffers()
+    except (OSError, AttributeError):
+        pass
 
 
 class IdleHeapTrimmer:
@@ -44,5 +58,6 @@ class IdleHeapTrimmer:
             if count != seen:
                 seen, quiet_since = count, now
             elif count != trimmed and now - quiet_since >= self.idle_s:
+                _mkl_free_buffers()
                 release_freed_heap()
                 trimmed, self.trims = count, self.trims + 1
