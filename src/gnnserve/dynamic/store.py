@@ -152,8 +152,9 @@ class DynamicStore:
         self._stop = threading.Event()
         self._compactor = threading.Thread(target=self._compact_loop, daemon=True)
         self._compactor.start()
+        self._follower = threading.Thread(target=self._follow_loop, daemon=True)
         if self.shared:
-            threading.Thread(target=self._follow_loop, daemon=True).start()
+            self._follower.start()
 
     @property
     def shared(self) -> bool:
@@ -454,6 +455,8 @@ class DynamicStore:
         """Stop the compactor, finish the copy catching up, close the log."""
         self._stop.set()
         self._compactor.join(5)
+        if self._follower.is_alive():
+            self._follower.join(5)
         self._replicas.close()
         if self.log is not None:
             self.log.close()
