@@ -6,16 +6,20 @@ servers and their Ray workers each compile the same kernels at once in the suite
 minutes (~28 s of a quiet run's wall time). Here one process compiles the request, new-node,
 pre-sampling and update paths on the suite's small store (the signatures most tests use):
 building an engine per configuration and running its warm-up, as a server does before it
-reports ready. Kernels it misses are compiled by the tests as before; nothing is asserted here.
+reports ready; then the DGS workers' kernels. Kernels it misses are compiled by the tests as
+before; nothing is asserted here.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+import numpy as np
 
 from gnnserve.config import ServeConfig
 from gnnserve.embeddings.stores import default_embeddings_dir
@@ -37,6 +41,22 @@ def _configs(store: Path, ckpt: Path, log: Path) -> list[dict[str, object]]:
     ]
 
 
+def _warm_dgs() -> None:
+    """The DGS workers' kernels, in this process: a sampling worker's update path and a serving
+    worker's assembly (writable and read-only seeds, as Ray hands them over). Without this the
+    suite's first DGS test started four workers that each compiled them (~20 s of a clean run)."""
+    from gnnserve.deploy.dgs.sampling_worker import warm_update_path
+    from gnnserve.deploy.dgs.serving_worker import ServingCache
+
+    warm_update_path([5, 3])
+    cache = ServingCache(16, [5, 3])
+    for writable in (True, False):
+        seeds = np.arange(3, dtype=np.int64)
+        seeds.flags.writeable = writable
+        with contextlib.suppress(RuntimeError):  # an empty cache: what is asked is missing
+            cache.sample(seeds)
+
+
 def main() -> int:
     """Warm the kernels; 0 always (a failure here only leaves the tests to compile)."""
     start = time.perf_counter()
@@ -51,6 +71,7 @@ def main() -> int:
                     engine.warm_up()
                 finally:
                     engine.stop()
+            _warm_dgs()
     except Exception as exc:  # noqa: BLE001 - the tests compile what this did not
         print(f"warm_kernels: skipped the rest ({exc!r})", file=sys.stderr)
     print(f"warm_kernels: numba cache filled in {time.perf_counter() - start:.1f} s")

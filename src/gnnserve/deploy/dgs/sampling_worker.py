@@ -229,26 +229,8 @@ class SamplingWorker:
 
     # tools ----------------------------------------------------------------------------------
     def warm_up(self) -> None:
-        """Compile the update path as ``check`` and ``consume`` run it, on a private graph (this
-        worker's state untouched), which a first update would otherwise compile while the
-        writer waits: vertex 0 with in-neighbours 1..d loses one its largest reservoir holds
-        (a refill) and gains an edge from d. ``check`` gets its events from Ray (read-only when
-        large), ``consume`` decodes its own (writable): both kinds are compiled."""
-        indptr, indices = refill_graph(self.fanouts)
-        d = indices.size
-        queries = list(dict.fromkeys(self.fanouts))
-        for read_only in (True, False):
-            res = ReservoirTable.build(indptr, indices, np.arange(d + 1), queries, seed=0)
-            adj = LocalAdjacency(indptr, indices)
-            held = int(res.row(0, queries.index(d - 1))[0])
-            kinds, srcs = np.array([DELETE, INSERT]), np.array([held, d], dtype=np.int64)
-            dsts = np.zeros(2, dtype=np.int64)
-            for events in (kinds, srcs, dsts):
-                events.flags.writeable = not read_only
-            rows = dsts.copy()  # the rows of ``check`` and ``_apply`` are new, writable arrays
-            adj.check(kinds, srcs, rows)
-            adj.apply(kinds, srcs, rows)
-            res.apply(kinds, srcs, dsts, rows, adj.lists())
+        """Compile the update path (:func:`warm_update_path`) before the first update."""
+        warm_update_path(self.fanouts)
 
     def compiled(self) -> dict[str, list[str]]:
         """The numba signatures this worker's process holds (``gnnserve.compiled``)."""
@@ -275,3 +257,26 @@ class SamplingWorker:
             "offset": self.position.offset,
             "bytes": held,
         }
+
+
+def warm_update_path(fanouts: list[int]) -> None:
+    """Compile a sampling worker's update path as ``check`` and ``consume`` run it, on a private
+    graph, which a first update would otherwise compile while the writer waits: vertex 0 with
+    in-neighbours 1..d loses one its largest reservoir holds (a refill) and gains an edge from
+    d. ``check`` gets its events from Ray (read-only when large), ``consume`` decodes its own
+    (writable): both kinds are compiled."""
+    indptr, indices = refill_graph(fanouts)
+    d = indices.size
+    queries = list(dict.fromkeys(fanouts))
+    for read_only in (True, False):
+        res = ReservoirTable.build(indptr, indices, np.arange(d + 1), queries, seed=0)
+        adj = LocalAdjacency(indptr, indices)
+        held = int(res.row(0, queries.index(d - 1))[0])
+        kinds, srcs = np.array([DELETE, INSERT]), np.array([held, d], dtype=np.int64)
+        dsts = np.zeros(2, dtype=np.int64)
+        for events in (kinds, srcs, dsts):
+            events.flags.writeable = not read_only
+        rows = dsts.copy()  # the rows of ``check`` and ``_apply`` are new, writable arrays
+        adj.check(kinds, srcs, rows)
+        adj.apply(kinds, srcs, rows)
+        res.apply(kinds, srcs, dsts, rows, adj.lists())
