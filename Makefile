@@ -50,10 +50,11 @@ docs: $(STAMP)
 test: $(STAMP)
 	$(MAKE) --no-print-directory -j4 lint typecheck docs pytest-warm
 
-# numba's on-disk cache filled once by one process (tests/warm_kernels.py), so the xdist
-# workers, servers and Ray workers load the common kernels instead of each compiling them.
+# numba's on-disk cache filled once (tests/warm_kernels.py: the servers' kernels and DGS workers'
+# in two processes at once), so the xdist workers, servers and Ray workers load the common
+# kernels instead of each compiling them.
 warm-kernels: $(STAMP)
-	$(BIN)/python -m tests.warm_kernels
+	$(BIN)/python -m tests.warm_kernels dgs & $(BIN)/python -m tests.warm_kernels engines; wait
 
 pytest-warm: warm-kernels
 	$(MAKE) --no-print-directory pytest

@@ -1,5 +1,5 @@
-"""Fill numba's on-disk cache before the test workers start (`make test` runs this beside lint,
-mypy and the docs build, then pytest).
+"""Fill numba's on-disk cache before the test workers start (`make test` runs its two parts
+beside each other, lint, mypy and the docs build, then pytest).
 
 A clean clone starts with an empty cache, and without this step the two xdist workers, their
 servers and their Ray workers each compile the same kernels at once in the suite's first
@@ -57,27 +57,38 @@ def _warm_dgs() -> None:
             cache.sample(seeds)
 
 
-def main() -> int:
-    """Warm the kernels; 0 always (a failure here only leaves the tests to compile)."""
+def _warm_engines() -> None:
+    """The request, new-node, pre-sampling and update paths of a server on the small store."""
+    with tempfile.TemporaryDirectory(prefix="gnnserve-warm-kernels-") as tmp:
+        store = write_small_store(Path(tmp) / "small")
+        ckpt = make_checkpoint(store, Path(tmp) / "sage")
+        write_embeddings(store, ckpt, default_embeddings_dir(store, ckpt))
+        for settings in _configs(store, ckpt, Path(tmp) / "updates.log"):
+            engine = build_engine(ServeConfig.load(None, **settings)).start()
+            try:
+                engine.warm_up()
+            finally:
+                engine.stop()
+
+
+PARTS = {"engines": _warm_engines, "dgs": _warm_dgs}
+
+
+def main(argv: list[str]) -> int:
+    """Warm the kernels of the parts named in ``argv`` (default: all; `make test` runs each in
+    its own process, at once); 0 always (a failure only leaves the tests to compile)."""
     start = time.perf_counter()
-    try:
-        with tempfile.TemporaryDirectory(prefix="gnnserve-warm-kernels-") as tmp:
-            store = write_small_store(Path(tmp) / "small")
-            ckpt = make_checkpoint(store, Path(tmp) / "sage")
-            write_embeddings(store, ckpt, default_embeddings_dir(store, ckpt))
-            for settings in _configs(store, ckpt, Path(tmp) / "updates.log"):
-                engine = build_engine(ServeConfig.load(None, **settings)).start()
-                try:
-                    engine.warm_up()
-                finally:
-                    engine.stop()
-            _warm_dgs()
-    except Exception as exc:  # noqa: BLE001 - the tests compile what this did not
-        print(f"warm_kernels: skipped the rest ({exc!r})", file=sys.stderr)
-    print(f"warm_kernels: numba cache filled in {time.perf_counter() - start:.1f} s")
+    names = argv or list(PARTS)
+    for name in names:
+        try:
+            PARTS[name]()
+        except Exception as exc:  # noqa: BLE001 - the tests compile what this did not
+            print(f"warm_kernels: {name} skipped ({exc!r})", file=sys.stderr)
+    took = time.perf_counter() - start
+    print(f"warm_kernels: numba cache filled ({', '.join(names)}) in {took:.1f} s")
     return 0
 
 
 if __name__ == "__main__":
     logging.basicConfig(level=logging.WARNING)
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))
