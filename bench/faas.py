@@ -36,10 +36,12 @@ interactions in a log), from a random start. Graphs: an R-MAT graph of 2^20 vert
 edges with 300-dim float32 features (1.26 GB: full fetch is costly) and soc_epinions1 (75,877
 vertices, the small one), both with random features (the paper's choice; neither has any).
 Model: GCN-2 (hidden 16), random weights (latency and memory do not depend on them); fanouts
-10,10. Serve's default 25,10 reads about twice the rows, and SeaweedFS on these 2 cores serves a
-range of the 1.2 GB feature object in ~2 ms (150 ranges: 337 ms, against 110 ms on an 86 MB
-object): at 25,10 a warm request took ~2 s of fetching under load and no on-demand system kept
-up with the trace's mean rate (a first run: mean latency 191 s, all queueing).
+10,10. Serve's default 25,10 reads about twice the rows: in a first run, before stores were
+published in 1 MiB blocks (SeaweedFS on these 2 cores then served a range of the 1.2 GB feature
+object in ~2 ms; 150 ranges: 337 ms, against 110 ms on an 86 MB object), a warm request at 25,10
+took ~2 s of fetching under load and no on-demand system kept up with the trace's mean rate
+(mean latency 191 s, all queueing). Those figures predate block publishing; see
+docs/benchmarks.md for the current ones.
 
 Every request is saved (arrival, latency, work and wait, cache hits, predicted and measured
 memory). Rounds alternate the arm order; medians over rounds are reported with their range;
