@@ -170,3 +170,13 @@ def test_counts_match_after_concurrent_writers(small_store: Path, tmp_path: Path
     finally:
         for store in stores:
             store.close()
+
+
+def test_min_version_names_a_seq_or_a_version_of_this_store() -> None:
+    from gnnserve.dynamic.graph import requested_seq
+
+    assert [requested_seq(v, "abc") for v in (5, "5", "abc.7", "abc.0")] == [5, 5, 7, 0]
+    for bad in ("other.7", "abc.x", "abc", "", -1):
+        with pytest.raises(InvalidInputError) as info:
+            requested_seq(bad, "abc")
+        assert info.value.field == "min_version"

@@ -16,6 +16,7 @@ import numba
 import numpy as np
 
 from gnnserve.dynamic.segments import segment_delete, segment_insert
+from gnnserve.errors import InvalidInputError, echo
 from gnnserve.graph.base import GraphStore
 from gnnserve.graph.events import SegmentLists
 
@@ -85,6 +86,26 @@ def version_seq(version: str) -> int:
     :attr:`DynamicGraph.version`) gives ``seq``; a fixed store's checksum gives 0."""
     head, _, tail = version.rpartition(".")
     return int(tail) if head and tail.isdigit() else 0
+
+
+def requested_seq(min_version: int | str, checksum: str) -> int:
+    """The batch count a request's ``min_version`` names: a seq (an int, or its decimal
+    string) or a ``graph_version`` of the store whose base checksum is ``checksum``;
+    InvalidInputError (``min_version``) otherwise."""
+    if isinstance(min_version, int):
+        seq = min_version
+    else:
+        head, _, tail = min_version.rpartition(".")
+        if not (min_version.isdigit() or (head == checksum and tail.isdigit())):
+            raise InvalidInputError(
+                f"min_version {echo(min_version)} is not a version of this store (its base is "
+                f"{checksum}; give a graph_version or seq a write returned)",
+                "min_version",
+            )
+        seq = int(tail)  # the whole string when it is a bare seq
+    if seq < 0:
+        raise InvalidInputError(f"min_version must be >= 0, got {seq}", "min_version")
+    return seq
 
 
 class DynamicGraph(GraphStore):

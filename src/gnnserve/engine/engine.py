@@ -22,6 +22,7 @@ import torch
 from gnnserve.config import ServeConfig
 from gnnserve.dynamic import bulk
 from gnnserve.dynamic.columns import ColumnBatch
+from gnnserve.dynamic.graph import requested_seq
 from gnnserve.dynamic.json_scan import scan_edges
 from gnnserve.dynamic.store import DynamicStore, UpdateResult
 from gnnserve.embeddings.base import EmbeddingStore
@@ -39,7 +40,6 @@ from gnnserve.errors import (
     InvalidInputError,
     ReadOnlyStoreError,
     ShuttingDownError,
-    echo,
 )
 from gnnserve.features.base import FeatureStore
 from gnnserve.graph.base import GraphStore
@@ -401,20 +401,7 @@ class Engine:
         """Return once the graph holds the write that returned ``min_version`` (its ``seq``, or
         its ``graph_version``): read-your-writes across ``serve --workers``. InvalidInputError
         (``min_version``) for a version no write of this store returned."""
-        seq = min_version
-        if isinstance(min_version, str):
-            head, _, tail = min_version.rpartition(".")
-            checksum = self.graph.version.rpartition(".")[0] or self.graph.version
-            if head != checksum or not tail.isdigit():
-                raise InvalidInputError(
-                    f"min_version {echo(min_version)} is not a version of this store (it is at "
-                    f"{self.graph.version}; give a graph_version or seq a write returned)",
-                    "min_version",
-                )
-            seq = int(tail)
-        assert isinstance(seq, int)
-        if seq < 0:
-            raise InvalidInputError(f"min_version must be >= 0, got {seq}", "min_version")
+        seq = requested_seq(min_version, self.graph.meta.checksum)
         if self.updates is not None:
             self.updates.ensure_version(seq)
         elif seq > 0:

@@ -364,8 +364,7 @@ def create_app(
         graph_version), as in /v1/predict."""
         node_id = _node_id(node)
         if min_version is not None:
-            wanted = int(min_version) if min_version.isdigit() else min_version
-            await asyncio.to_thread(engine.ensure_version, wanted)
+            await asyncio.to_thread(engine.ensure_version, min_version)
         version = engine.graph.acquire_read()
         try:
             ids = engine.graph.neighbors(node_id).tolist()
